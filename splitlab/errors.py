@@ -1,0 +1,57 @@
+"""Typed errors and the distinct process exit codes they map to.
+
+Every failure that leaves a process carries one of these codes, so the launcher (and a
+researcher reading `echo $?`) can tell a bad config from a lost peer from a NaN.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    ERROR = 1  # anything unclassified
+    CONFIG = 2  # bad config key, value or combination
+    PEER_LOST = 3  # a peer closed its connection or died
+    TIMEOUT = 4  # a bounded wait ran out
+    NON_FINITE = 5  # NaN/Inf in a tensor, loss or model update
+    PROTOCOL = 6  # a malformed frame or message from a peer
+    ASSETS = 7  # a packaged model or dataset could not be fetched
+    ABORTED = 8  # the round was aborted because another node failed
+
+
+class SplitlabError(Exception):
+    """Base class; `exit_code` tells the process how to exit."""
+
+    exit_code: ExitCode = ExitCode.ERROR
+
+
+class ConfigError(SplitlabError, ValueError):
+    """A config key, value or combination is invalid; the message names them."""
+
+    exit_code = ExitCode.CONFIG
+
+
+class PeerLostError(SplitlabError, ConnectionError):
+    exit_code = ExitCode.PEER_LOST
+
+
+class WaitTimeoutError(SplitlabError, TimeoutError):
+    exit_code = ExitCode.TIMEOUT
+
+
+class NonFiniteError(SplitlabError, FloatingPointError):
+    exit_code = ExitCode.NON_FINITE
+
+
+class ProtocolError(SplitlabError):
+    exit_code = ExitCode.PROTOCOL
+
+
+class AssetError(SplitlabError, RuntimeError):
+    exit_code = ExitCode.ASSETS
+
+
+class AbortedError(SplitlabError):
+    exit_code = ExitCode.ABORTED

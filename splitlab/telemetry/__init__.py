@@ -1,0 +1,1 @@
+"""Per-process logging setup and JSONL traces (see trace.py, log.py)."""

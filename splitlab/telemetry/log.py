@@ -1,0 +1,38 @@
+"""Logging set up once per process with a `[role:rank]` prefix.
+
+    python -c "from splitlab.telemetry.log import setup_logging; setup_logging('owner', 0)"
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+_FORMAT = "%(asctime)s [%(role)s:%(rank)s] %(levelname)s %(name)s: %(message)s"
+
+
+class _RoleFilter(logging.Filter):
+    def __init__(self, role: str, rank: int | str) -> None:
+        super().__init__()
+        self.role, self.rank = role, rank
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.role, record.rank = self.role, self.rank
+        return True
+
+
+def setup_logging(role: str, rank: int | str = 0, *, level: str | int | None = None) -> None:
+    """Route the root logger to stderr with a `[role:rank]` prefix (idempotent)."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if getattr(handler, "_splitlab", False):
+            root.removeHandler(handler)
+    handler = logging.StreamHandler(sys.stderr)
+    handler._splitlab = True  # type: ignore[attr-defined]
+    handler.addFilter(_RoleFilter(role, rank))
+    handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%H:%M:%S"))
+    root.addHandler(handler)
+    root.setLevel(level or os.environ.get("SPLITLAB_LOG_LEVEL", "INFO"))
+    for noisy in ("pika", "urllib3", "filelock", "matplotlib"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -1,0 +1,109 @@
+"""JSONL trace writer: one record per event, with automatic `ts_us`, `role` and `rank`.
+
+Records are queued and written by a background thread, so `emit` never blocks compute on
+file I/O. A disabled tracer (`Tracer.null()`) is a no-op.
+
+    python -c "from splitlab.telemetry.trace import Tracer; t = Tracer.open('/tmp/t.jsonl', role='x', rank=0); t.emit('hello', n=1); t.close()"
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import queue
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+_STOP = object()
+
+
+def now_us() -> int:
+    """Wall-clock microseconds since the epoch (comparable across processes on one host)."""
+    return time.time_ns() // 1000
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
+        try:
+            return _jsonable(value.item())
+        except (ValueError, RuntimeError):
+            return str(value)
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+class Tracer:
+    """Append-only JSONL writer owned by one process."""
+
+    def __init__(self, path: Path | None, *, role: str, rank: int) -> None:
+        self.path = path
+        self.role, self.rank = role, rank
+        self._queue: queue.SimpleQueue[Any] | None = None
+        self._thread: threading.Thread | None = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+            self._queue = queue.SimpleQueue()
+            self._thread = threading.Thread(target=self._drain, name=f"trace-{role}-{rank}", daemon=True)
+            self._thread.start()
+
+    @classmethod
+    def open(cls, path: str | Path, *, role: str, rank: int) -> Tracer:
+        return cls(Path(path), role=role, rank=rank)
+
+    @classmethod
+    def for_run(cls, run_dir: str | Path | None, *, role: str, rank: int) -> Tracer:
+        """`RUN/traces/<role>-<rank>.jsonl`, or a no-op tracer when run_dir is None."""
+        if run_dir is None:
+            return cls.null()
+        return cls(Path(run_dir) / "traces" / f"{role}-{rank}.jsonl", role=role, rank=rank)
+
+    @classmethod
+    def null(cls) -> Tracer:
+        return cls(None, role="", rank=0)
+
+    @property
+    def enabled(self) -> bool:
+        return self._queue is not None
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        if self._queue is None:
+            return
+        record = {"ts_us": now_us(), "role": self.role, "rank": self.rank, "kind": kind}
+        record.update(fields)
+        self._queue.put(record)
+
+    def _drain(self) -> None:
+        assert self._queue is not None
+        while True:
+            record = self._queue.get()
+            if record is _STOP:
+                break
+            self._file.write(json.dumps(_jsonable(record), separators=(",", ":")) + "\n")
+            if self._queue.empty():
+                self._file.flush()
+        self._file.flush()
+
+    def close(self) -> None:
+        """Flush every queued record and close the file (idempotent)."""
+        if self._queue is None or self._thread is None:
+            return
+        self._queue.put(_STOP)
+        self._thread.join(timeout=10)
+        self._file.close()
+        self._queue = None
+
+    def __enter__(self) -> Tracer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
