@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import MISSING
-
 from splitlab.config.enums import (
     ArchitectureName,
     ControlName,
@@ -34,6 +32,8 @@ from splitlab.config.enums import (
     TaskName,
     TransportName,
 )
+
+MISSING: Any = "???"  # omegaconf's marker for a required value (kept import-free here)
 
 # --- task -----------------------------------------------------------------------------------
 
@@ -235,6 +235,7 @@ class DataConfig:
     task: TaskKind = MISSING  # classification or causal_lm
     path: str | None = None  # local CSV / JSONL / Parquet file (source=file)
     hub_id: str | None = None  # dataset id (source=hub; needs the `datasets` extra)
+    hub_config: str | None = None  # dataset configuration name on the hub (e.g. gsm8k "main")
     hub_split: str = "train"  # split read from the hub
     text_column: str = "text"  # the input text
     label_column: str | None = "label"  # class label or answer (None for plain LM text)
@@ -291,3 +292,22 @@ class Config:
     planner: PlannerConfig = MISSING
     device: str = "cpu"  # cpu, cuda or cuda:N for every local process
     run_dir: str | None = None  # set by the CLI to Hydra's output folder
+
+
+# group -> option -> schema: each YAML in conf/<group>/ extends `/schema/<group>/<option>`.
+GROUP_SCHEMAS: dict[str, dict[str, type]] = {
+    "task": {
+        "finetune": FinetuneTaskConfig,
+        "infer": InferTaskConfig,
+        "calibrate": CalibrateTaskConfig,
+        "analyze": AnalyzeTaskConfig,
+    },
+    "model": {"model": ModelConfig},
+    "architecture": {"u_shape": UShapeConfig, "two_stage": TwoStageConfig, "ring": RingConfig},
+    "transport": {"transport": TransportConfig},
+    "control": {"control": ControlConfig},
+    "finetune": {"finetune": FinetuneConfig},
+    "data": {"data": DataConfig},
+    "drift": {"drift": DriftConfig},
+    "planner": {"planner": PlannerConfig},
+}

@@ -83,7 +83,12 @@ class BenchReport:
         if direction not in ("<=", ">="):
             raise ValueError(f"target {name!r}: direction must be '<=' or '>=', got {direction!r}")
         met = value <= goal if direction == "<=" else value >= goal
-        self.targets[name] = {"value": float(value), "goal": float(goal), "direction": direction, "met": bool(met)}
+        self.targets[name] = {
+            "value": float(value),
+            "goal": float(goal),
+            "direction": direction,
+            "met": bool(met),
+        }
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -110,6 +115,10 @@ class BenchReport:
 def bench_arg_parser(description: str) -> argparse.ArgumentParser:
     """The flags every benchmark takes: --quick and --out."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--quick", action="store_true", help="short run (about a minute on 2 cores)")
-    parser.add_argument("--out", type=Path, default=None, help="write the JSON here (default: stdout)")
+    parser.add_argument(
+        "--quick", action="store_true", help="short run (about a minute on 2 cores)"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="write the JSON here (default: stdout)"
+    )
     return parser

@@ -1,6 +1,6 @@
 """Logging set up once per process with a `[role:rank]` prefix.
 
-    python -c "from splitlab.telemetry.log import setup_logging; setup_logging('owner', 0)"
+python -c "from splitlab.telemetry.log import setup_logging; setup_logging('owner', 0)"
 """
 
 from __future__ import annotations
@@ -25,11 +25,9 @@ class _RoleFilter(logging.Filter):
 def setup_logging(role: str, rank: int | str = 0, *, level: str | int | None = None) -> None:
     """Route the root logger to stderr with a `[role:rank]` prefix (idempotent)."""
     root = logging.getLogger()
-    for handler in list(root.handlers):
-        if getattr(handler, "_splitlab", False):
-            root.removeHandler(handler)
+    for handler in list(root.handlers):  # one process, one format: drop Hydra's and ours
+        root.removeHandler(handler)
     handler = logging.StreamHandler(sys.stderr)
-    handler._splitlab = True  # type: ignore[attr-defined]
     handler.addFilter(_RoleFilter(role, rank))
     handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%H:%M:%S"))
     root.addHandler(handler)

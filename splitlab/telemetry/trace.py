@@ -53,7 +53,9 @@ class Tracer:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
             self._queue = queue.SimpleQueue()
-            self._thread = threading.Thread(target=self._drain, name=f"trace-{role}-{rank}", daemon=True)
+            self._thread = threading.Thread(
+                target=self._drain, name=f"trace-{role}-{rank}", daemon=True
+            )
             self._thread.start()
 
     @classmethod
