@@ -1,0 +1,115 @@
+"""Pure splits of example indices across data owners: IID and Dirichlet(alpha) non-IID.
+
+Every function takes its seed and returns positions (0..n-1) into the pool it was given; no
+position is handed to two owners. Owner label proportions are drawn from
+Dirichlet(alpha * K * q), q = the pool's own label proportions and K the number of classes: for
+balanced labels that is the usual Dirichlet(alpha, ..., alpha); in general each owner's expected
+mix is q and it concentrates on q as alpha grows (small alpha = few classes per owner).
+
+    .venv/bin/pytest tests/unit/test_data_split.py
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def round_seed(seed: int, round_index: int) -> int:
+    """A split seed for one round, independent across rounds and of the base seed's neighbours."""
+    return int(np.random.SeedSequence([seed, round_index]).generate_state(1)[0])
+
+
+def holdout_split(num_examples: int, num_held_out: int, seed: int) -> tuple[list[int], list[int]]:
+    """Seeded (held-out, rest) positions; the held-out set depends on the seed alone."""
+    if not 0 <= num_held_out <= num_examples:
+        raise ValueError(f"cannot hold out {num_held_out} of {num_examples} examples")
+    order = np.random.default_rng([seed, 0x5EED]).permutation(num_examples)
+    return sorted(order[:num_held_out].tolist()), sorted(order[num_held_out:].tolist())
+
+
+def iid_split(
+    num_examples: int, num_owners: int, samples_per_owner: int, seed: int
+) -> list[list[int]]:
+    """Disjoint uniform random shards of `samples_per_owner` positions each."""
+    _check_sizes(num_examples, num_owners, samples_per_owner)
+    order = np.random.default_rng(seed).permutation(num_examples)
+    return [
+        order[k * samples_per_owner : (k + 1) * samples_per_owner].tolist()
+        for k in range(num_owners)
+    ]
+
+
+def dirichlet_split(
+    labels: Sequence[int], num_owners: int, alpha: float, samples_per_owner: int, seed: int
+) -> list[list[int]]:
+    """Disjoint label-skewed shards of `samples_per_owner` positions each.
+
+    Each owner draws its class mix p ~ Dirichlet(alpha * K * q) and then class counts
+    ~ Multinomial(samples_per_owner, p). A class that runs out hands its shortfall to the classes
+    that still have examples, in proportion to p (or to what is left when p puts no mass there).
+
+    Args:
+        labels: the class (or stratum) of every position in the pool.
+        num_owners: owners to fill, in order.
+        alpha: concentration; > 0.
+        samples_per_owner: examples per owner; owners x samples must fit the pool.
+        seed: the only source of randomness.
+    """
+    if alpha <= 0:
+        raise ValueError(f"alpha must be > 0, got {alpha}")
+    labels_arr = np.asarray(labels, dtype=np.int64)
+    _check_sizes(len(labels_arr), num_owners, samples_per_owner)
+    rng = np.random.default_rng(seed)
+    classes, counts = np.unique(labels_arr, return_counts=True)
+    pools = [rng.permutation(np.flatnonzero(labels_arr == c)).tolist() for c in classes]
+    concentration = alpha * len(classes) * counts / counts.sum()
+    shards: list[list[int]] = []
+    for _ in range(num_owners):
+        mix = rng.dirichlet(concentration)
+        want = rng.multinomial(samples_per_owner, mix)
+        taken = _take(pools, want, mix, rng)
+        shards.append(rng.permutation(taken).tolist())
+    return shards
+
+
+def label_proportions(labels: Sequence[int], num_classes: int) -> np.ndarray:
+    """Fraction of each class id 0..num_classes-1 in `labels`."""
+    counts = np.bincount(np.asarray(labels, dtype=np.int64), minlength=num_classes)
+    return counts / max(1, counts.sum())
+
+
+def _take(
+    pools: list[list[int]], want: np.ndarray, mix: np.ndarray, rng: np.random.Generator
+) -> list[int]:
+    taken, short = _pop(pools, want)
+    while short > 0:
+        left = np.array([len(p) for p in pools], dtype=np.float64)
+        weights = np.where(left > 0, mix, 0.0)
+        weights = weights if weights.sum() > 0 else left
+        more, short = _pop(pools, rng.multinomial(short, weights / weights.sum()))
+        taken += more
+    return taken
+
+
+def _pop(pools: list[list[int]], counts: np.ndarray) -> tuple[list[int], int]:
+    """Remove up to counts[c] positions from each class pool; return them and the shortfall."""
+    taken: list[int] = []
+    short = 0
+    for c, n in enumerate(counts.tolist()):
+        got = min(n, len(pools[c]))
+        taken += pools[c][:got]
+        del pools[c][:got]
+        short += n - got
+    return taken, short
+
+
+def _check_sizes(num_examples: int, num_owners: int, samples_per_owner: int) -> None:
+    if num_owners < 1 or samples_per_owner < 1:
+        raise ValueError(f"need >= 1 owner and sample, got {num_owners} x {samples_per_owner}")
+    if num_owners * samples_per_owner > num_examples:
+        raise ValueError(
+            f"{num_owners} owners x {samples_per_owner} samples = "
+            f"{num_owners * samples_per_owner} > {num_examples} examples available"
+        )

@@ -1,0 +1,127 @@
+"""IID and Dirichlet(alpha) splits, the held-out split and per-round seeds.
+
+.venv/bin/pytest tests/unit/test_data_split.py
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from splitlab.data.split import (
+    dirichlet_split,
+    holdout_split,
+    iid_split,
+    label_proportions,
+    round_seed,
+)
+
+# 70% class 0, 20% class 1, 10% class 2: unbalanced, so "global proportions" is not uniform.
+LABELS = [0] * 1400 + [1] * 400 + [2] * 200
+GLOBAL = np.array([0.7, 0.2, 0.1])
+
+
+def _max_gap(shards: list[list[int]]) -> float:
+    """Largest |owner proportion - global proportion| over owners and classes."""
+    return max(
+        float(np.abs(label_proportions([LABELS[i] for i in s], 3) - GLOBAL).max()) for s in shards
+    )
+
+
+def test_dirichlet_same_seed_is_identical() -> None:
+    assert dirichlet_split(LABELS, 4, 0.5, 100, seed=3) == dirichlet_split(
+        LABELS, 4, 0.5, 100, seed=3
+    )
+
+
+def test_dirichlet_different_seeds_differ() -> None:
+    assert dirichlet_split(LABELS, 4, 0.5, 100, seed=3) != dirichlet_split(
+        LABELS, 4, 0.5, 100, seed=4
+    )
+
+
+def test_dirichlet_approaches_global_proportions_as_alpha_grows() -> None:
+    gaps = [
+        np.mean([_max_gap(dirichlet_split(LABELS, 8, alpha, 200, seed=s)) for s in range(5)])
+        for alpha in (0.1, 1.0, 10.0, 1000.0)
+    ]
+    assert gaps == sorted(gaps, reverse=True)
+    assert gaps[0] > 0.3  # small alpha: owners are far from the global mix
+    assert gaps[-1] < 0.06  # large alpha: every owner is close to 70/20/10
+
+
+def test_dirichlet_small_alpha_concentrates_owners_on_few_classes() -> None:
+    top_share = [
+        label_proportions([LABELS[i] for i in shard], 3).max()
+        for seed in range(5)
+        for shard in dirichlet_split(LABELS, 8, 0.05, 100, seed=seed)
+    ]
+    assert np.mean(top_share) > 0.8  # the global mix puts only 0.7 on its top class
+
+
+def test_dirichlet_fills_every_owner_when_classes_run_out() -> None:
+    # 8 owners x 240 = 1920 of 2000: most owners must borrow from other classes.
+    shards = dirichlet_split(LABELS, 8, 0.1, 240, seed=1)
+    assert [len(s) for s in shards] == [240] * 8
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    labels=st.lists(st.integers(0, 4), min_size=1, max_size=300),
+    num_owners=st.integers(1, 6),
+    alpha=st.floats(0.01, 100.0),
+    seed=st.integers(0, 2**32 - 1),
+    data=st.data(),
+)
+def test_dirichlet_uses_every_index_at_most_once(
+    labels: list[int], num_owners: int, alpha: float, seed: int, data: st.DataObject
+) -> None:
+    per_owner = data.draw(st.integers(1, max(1, len(labels) // num_owners)))
+    if per_owner * num_owners > len(labels):
+        return
+    shards = dirichlet_split(labels, num_owners, alpha, per_owner, seed)
+    flat = [i for s in shards for i in s]
+    assert [len(s) for s in shards] == [per_owner] * num_owners
+    assert len(flat) == len(set(flat))
+    assert all(0 <= i < len(labels) for i in flat)
+
+
+def test_dirichlet_rejects_more_samples_than_the_pool() -> None:
+    with pytest.raises(ValueError, match="examples available"):
+        dirichlet_split(LABELS, 3, 1.0, 700, seed=0)
+
+
+def test_dirichlet_rejects_non_positive_alpha() -> None:
+    with pytest.raises(ValueError, match="alpha"):
+        dirichlet_split(LABELS, 2, 0.0, 10, seed=0)
+
+
+def test_iid_is_disjoint_sized_and_seeded() -> None:
+    shards = iid_split(2000, 5, 300, seed=9)
+    flat = [i for s in shards for i in s]
+    assert [len(s) for s in shards] == [300] * 5
+    assert len(set(flat)) == len(flat)
+    assert shards == iid_split(2000, 5, 300, seed=9)
+    assert shards != iid_split(2000, 5, 300, seed=10)
+
+
+def test_iid_owners_are_near_global_proportions() -> None:
+    shards = iid_split(len(LABELS), 4, 500, seed=0)
+    assert _max_gap(shards) < 0.06
+
+
+def test_holdout_is_disjoint_complete_and_seeded() -> None:
+    held, rest = holdout_split(100, 20, seed=5)
+    assert len(held) == 20
+    assert sorted(held + rest) == list(range(100))
+    assert holdout_split(100, 20, seed=5) == (held, rest)
+    assert holdout_split(100, 20, seed=6)[0] != held
+
+
+def test_round_seeds_differ_across_rounds_and_repeat() -> None:
+    seeds = [round_seed(1, r) for r in range(20)]
+    assert len(set(seeds)) == 20
+    assert seeds == [round_seed(1, r) for r in range(20)]
+    assert round_seed(2, 0) not in seeds
