@@ -1,0 +1,195 @@
+"""RabbitMQ control bus (pika `BlockingConnection`): what runs across hosts.
+
+- broker URL from config, `amqp://user:pass@host:port/vhost` (URL-encode `/` as `%2F`);
+- publisher confirms (`confirm_delivery`, `mandatory=True`): `publish` returns once the
+  broker has the message, and raises if it was refused or unroutable;
+- manual acks with a `prefetch` bound (`basic_qos`);
+- queues `splitlab.<session>.<node_id>`: non-durable, not exclusive (a restarted node finds
+  its queue and its unacked messages again) and with `x-expires`, so the queues of a run
+  that crashed before `cleanup` vanish by themselves; `cleanup` deletes by exact name only;
+- nothing hangs: heartbeats detect a dead broker, `blocked_connection_timeout` bounds a
+  broker in flow control, `socket_timeout` / `stack_timeout` bound connecting, and every
+  pika connection failure becomes `PeerLostError` naming the broker (never the password).
+
+One connection per thread, created in that thread: a bus checks that it is used by the
+thread that opened it. The connection is named `splitlab.<session>.<node_id>` on the broker
+(`rabbitmqctl list_connections client_properties`).
+
+    SPLITLAB_REQUIRE_BROKER=1 .venv/bin/pytest tests/integration/test_control_bus.py -m rabbitmq -q
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+from typing import Any, NoReturn
+from urllib.parse import quote
+
+import pika
+import pika.exceptions
+
+from splitlab.control.bus import ControlBus, Delivery, check_name, decode_delivery, queue_name
+from splitlab.control.messages import Message, encode
+from splitlab.errors import ConfigError, PeerLostError
+
+log = logging.getLogger(__name__)
+
+_CONTENT_TYPE = "application/x-splitlab-control"
+
+
+def broker_label(params: pika.ConnectionParameters) -> str:
+    """`amqp://host:port/vhost`, for messages (no credentials)."""
+    return f"amqp://{params.host}:{params.port}/{quote(params.virtual_host, safe='')}"
+
+
+class RabbitMQBus(ControlBus):
+    """A node's queue and connection on a RabbitMQ broker."""
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        session: str,
+        node_id: str,
+        prefetch: int = 16,
+        timeout_s: float = 30.0,
+        heartbeat_s: int = 10,
+        queue_expires_s: float = 3600.0,
+    ) -> None:
+        self.session, self.node_id, self.timeout_s = session, node_id, timeout_s
+        self._queue = queue_name(check_name("session", session), check_name("node_id", node_id))
+        try:
+            params = pika.URLParameters(url)
+        except Exception as exc:
+            raise ConfigError(f"control.url is not an AMQP URL: {exc}") from None
+        params.heartbeat = heartbeat_s
+        params.blocked_connection_timeout = timeout_s
+        params.socket_timeout = min(timeout_s, 10.0)
+        params.stack_timeout = timeout_s
+        params.connection_attempts = 3
+        params.retry_delay = 1.0
+        params.client_properties = {"connection_name": self._queue}
+        self.broker = broker_label(params)
+        self._queue_args = {"x-expires": int(queue_expires_s * 1000)}
+        self._ready: deque[tuple[int, bool, bytes]] = deque()
+        self._declared: set[str] = set()
+        self._consuming = False
+        self._lost: str | None = None
+        self._thread = threading.get_ident()
+        try:
+            self._conn = pika.BlockingConnection(params)
+            self._channel = self._conn.channel()
+            self._channel.confirm_delivery()
+            self._channel.basic_qos(prefetch_count=prefetch)
+            self._declare(self._queue)
+        except pika.exceptions.AMQPError as exc:
+            self._lose(f"cannot open a session on the RabbitMQ broker {self.broker}", exc)
+
+    def publish(self, to_node: str, msg: Message, timeout_s: float | None = None) -> None:
+        """Confirmed publish. pika cannot bound a confirm wait by `timeout_s`; heartbeats
+        (about 2 x heartbeat_s) and `blocked_connection_timeout` bound it instead."""
+        self._check()
+        name = queue_name(self.session, to_node)
+        try:
+            self._declare(name)
+            self._channel.basic_publish(
+                exchange="",
+                routing_key=name,
+                body=encode(msg),
+                properties=pika.BasicProperties(content_type=_CONTENT_TYPE, delivery_mode=1),
+                mandatory=True,
+            )
+        except (pika.exceptions.UnroutableError, pika.exceptions.NackError) as exc:
+            raise PeerLostError(
+                f"broker {self.broker} refused {msg.kind.value} to {name}: {exc!r}"
+            ) from None
+        except pika.exceptions.AMQPError as exc:
+            self._lose(f"lost the RabbitMQ broker {self.broker} publishing to {name}", exc)
+
+    def consume_batch(self, max_count: int, timeout_s: float) -> list[Delivery]:
+        self._check()
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        try:
+            if not self._consuming:
+                self._channel.basic_consume(self._queue, self._on_message, auto_ack=False)
+                self._consuming = True
+            # process_data_events returns as soon as a callback is ready to dispatch.
+            self._conn.process_data_events(time_limit=0)
+            while not self._ready:
+                remaining_s = deadline - time.monotonic()
+                if remaining_s <= 0:
+                    return []
+                self._conn.process_data_events(time_limit=remaining_s)
+        except pika.exceptions.AMQPError as exc:
+            self._lose(f"lost the RabbitMQ broker {self.broker} consuming {self._queue}", exc)
+        out = []
+        while self._ready and len(out) < max_count:
+            tag, redelivered, body = self._ready.popleft()
+            out.append(decode_delivery(body, redelivered, self._settler(tag)))
+        return out
+
+    def close(self) -> None:
+        if self._lost is not None and self._conn.is_closed:
+            return
+        try:
+            if self._conn.is_open:
+                self._conn.close()
+        except pika.exceptions.AMQPError as exc:
+            log.debug("closing the connection to %s: %r", self.broker, exc)
+        self._lost = self._lost or "closed"
+
+    def cleanup(self, node_ids: Iterable[str] = ()) -> None:
+        self._check()
+        names = {self._queue, *self._declared, *(queue_name(self.session, n) for n in node_ids)}
+        try:
+            for name in sorted(names):
+                self._channel.queue_delete(queue=name)
+        except pika.exceptions.AMQPError as exc:
+            self._lose(f"lost the RabbitMQ broker {self.broker} deleting queues", exc)
+        self._declared.clear()
+
+    def connection_name(self) -> str:
+        return self._queue
+
+    def _declare(self, name: str) -> None:
+        if name not in self._declared:
+            self._channel.queue_declare(
+                queue=name,
+                durable=False,
+                exclusive=False,
+                auto_delete=False,
+                arguments=self._queue_args,
+            )
+            self._declared.add(name)
+
+    def _on_message(self, _ch: Any, method: Any, _props: Any, body: bytes) -> None:
+        self._ready.append((method.delivery_tag, bool(method.redelivered), body))
+
+    def _settler(self, tag: int) -> Any:
+        def settle(ack: bool, requeue: bool) -> None:
+            if self._lost is not None:
+                return  # the broker requeued it when the connection went
+            try:
+                if ack:
+                    self._channel.basic_ack(tag)
+                else:
+                    self._channel.basic_nack(tag, requeue=requeue)
+            except pika.exceptions.AMQPError as exc:
+                self._lose(f"lost the RabbitMQ broker {self.broker} settling a delivery", exc)
+
+        return settle
+
+    def _check(self) -> None:
+        if threading.get_ident() != self._thread:
+            raise RuntimeError(
+                "a RabbitMQBus is used only by the thread that opened it (pika's rule)"
+            )
+        if self._lost is not None:
+            raise PeerLostError(f"connection of {self.node_id!r} to {self.broker} is {self._lost}")
+
+    def _lose(self, what: str, exc: BaseException) -> NoReturn:
+        self._lost = f"lost ({exc!r})"
+        raise PeerLostError(f"{what}: {exc!r}") from None
