@@ -1,0 +1,177 @@
+"""Seeded synthetic traces with known ground truth, for testing the analysis (never a benchmark).
+
+    .venv/bin/pytest tests/unit/test_analysis_links.py tests/unit/test_analysis_plots.py -q
+
+Pure: each generator takes a seed and returns a list of trace records (dicts shaped as in
+`splitlab.analysis.traces`); `write_traces` is the one function that touches files. Hosts are
+only strings in the records; nothing here opens a socket.
+
+The ring model: a run serves `num_requests` prompts; each starts with a prefill token whose
+payload is `prompt_tokens * hidden_bytes` and continues with decode tokens of `hidden_bytes`.
+For every link s-1 -> s,
+    recv_wait_ms[s, t] = compute_ms[s-1, t] + alpha_ms[s] + beta_ms_per_byte[s] * bytes[s, t] + noise
+which is exactly what `splitlab.analysis.links.derive_link_params` inverts.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+LOOPBACK_HOST = "127.0.0.1"
+
+
+def lan_hosts(num_stages: int) -> list[str]:
+    """Distinct private addresses, one per stage (strings only)."""
+    return [f"10.0.0.{stage + 1}" for stage in range(num_stages)]
+
+
+def ring_records(
+    *,
+    num_stages: int = 3,
+    num_requests: int = 8,
+    decode_tokens: int = 24,
+    alpha_ms: Sequence[float] = (0.4, 0.6),
+    beta_ms_per_byte: Sequence[float] = (8e-6, 2e-5),
+    hosts: Sequence[str] | None = None,
+    hidden_bytes: int = 4096,
+    noise_ms: float = 0.02,
+    seed: int = 0,
+    t0_us: int = 1_700_000_000_000_000,
+) -> list[dict[str, Any]]:
+    """`stage_meta` and `token` records of a ring; alpha/beta are given per link 1..S-1."""
+    if len(alpha_ms) != num_stages - 1 or len(beta_ms_per_byte) != num_stages - 1:
+        raise ValueError(f"{num_stages} stages need {num_stages - 1} alpha and beta values")
+    hosts = list(hosts) if hosts is not None else lan_hosts(num_stages)
+    rng = np.random.default_rng(seed)
+    records: list[dict[str, Any]] = []
+    for stage in range(num_stages):
+        records.append({
+            "ts_us": t0_us, "role": "stage", "rank": stage, "kind": "stage_meta",
+            "stage": stage, "host": hosts[stage], "peer_host": hosts[(stage + 1) % num_stages],
+            "blocks": [4 * stage, 4 * stage + 4], "weights_ms": 120.0 + 10 * stage,
+            "resident_bytes": 50_000_000,
+        })  # fmt: skip
+    clock_us = t0_us + 1_000_000
+    token = 0
+    for _ in range(num_requests):
+        prompt_tokens = int(rng.integers(16, 512))
+        for step in range(decode_tokens + 1):
+            prefill = step == 0
+            payload = hidden_bytes * (prompt_tokens if prefill else 1)
+            compute = [
+                float((2.0 + stage) * (1 + 0.01 * prompt_tokens * prefill) + rng.gamma(4, 0.05))
+                for stage in range(num_stages)
+            ]
+            tpot = 0.0
+            for stage in range(num_stages):
+                if stage == 0:
+                    wait, received = float(rng.uniform(0.1, 0.3)), 8  # the token id from the tail
+                else:
+                    link = alpha_ms[stage - 1] + beta_ms_per_byte[stage - 1] * payload
+                    wait = max(0.0, compute[stage - 1] + link + float(rng.normal(0, noise_ms)))
+                    received = payload
+                tpot += compute[stage] + wait
+                clock_us += int((compute[stage] + wait) * 1000)
+                record = {
+                    "ts_us": clock_us, "role": "stage", "rank": stage, "kind": "token",
+                    "stage": stage, "token": token, "compute_ms": compute[stage],
+                    "recv_wait_ms": wait, "send_ms": 0.05, "bytes": received,
+                }  # fmt: skip
+                records.append(record)
+            records[-num_stages]["tpot_ms"] = tpot  # the head's record of this token
+            token += 1
+    return records
+
+
+def barrier_records(
+    tokens: Sequence[dict[str, Any]], *, window: int = 20, migrate_every: int = 3, seed: int = 0
+) -> list[dict[str, Any]]:
+    """A `window` record every `window` tokens (each with `token`), a `migration` every few."""
+    rng = np.random.default_rng(seed)
+    head = [r for r in tokens if r.get("kind") == "token" and r["stage"] == 0]
+    records: list[dict[str, Any]] = []
+    for epoch, start in enumerate(range(window, len(head), window), start=1):
+        at = head[start]
+        aborted = bool(rng.random() < 0.1)
+        records.append({
+            "ts_us": at["ts_us"] - 1, "role": "stage", "rank": 0, "kind": "window",
+            "epoch": epoch, "token": at["token"], "barrier_ms": float(rng.uniform(1, 4)),
+            "prestage_ms": 0.5, "commit_ms": 0.2, "release_ms": 0.1, "n_acks": 3,
+            "aborted": aborted, "decision": "noop" if epoch % migrate_every else "shift",
+            "obs": {"theta_obs": 50.0, "q_cmp_obs": 0.1, "q_mem_obs": 0.2, "link_obs": 1.0},
+        })  # fmt: skip
+        if epoch % migrate_every == 0 and not aborted:
+            records.append({
+                "ts_us": at["ts_us"], "role": "stage", "rank": 0, "kind": "migration",
+                "epoch": epoch, "token": at["token"], "boundary": 1, "k": 1,
+                "weights_ms": 40.0, "kv_ms": 3.0, "commit_ms": 0.3, "kv_bytes": 1 << 20,
+            })  # fmt: skip
+    return records
+
+
+def training_records(
+    *,
+    num_owners: int = 2,
+    num_workers: int = 2,
+    num_rounds: int = 4,
+    windows_per_round: int = 2,
+    microbatches_per_window: int = 6,
+    seed: int = 0,
+    t0_us: int = 1_700_000_000_000_000,
+) -> list[dict[str, Any]]:
+    """`microbatch`, `wrr` and `round` records of a U-shape run with falling loss."""
+    rng = np.random.default_rng(seed)
+    records: list[dict[str, Any]] = []
+    clock_us = t0_us
+    for round_index in range(num_rounds):
+        for w in range(windows_per_round):
+            window = round_index * windows_per_round + w
+            for owner in range(num_owners):
+                weights = rng.dirichlet(np.ones(num_workers))
+                counts = np.floor(weights * microbatches_per_window).astype(int)
+                counts[0] += microbatches_per_window - counts.sum()
+                for worker, count in enumerate(counts):
+                    clock_us += 1000
+                    records.append({"ts_us": clock_us, "role": "owner", "rank": owner,
+                                    "kind": "wrr", "window": window, "owner": owner,
+                                    "worker": worker, "count": int(count)})  # fmt: skip
+                    for mb in range(int(count)):
+                        for lane, nbytes in (
+                            ("activation", 2 * 64 * 2048),
+                            ("gradient", 64 * 2048),
+                        ):
+                            clock_us += 500
+                            records.append({
+                                "ts_us": clock_us, "role": "owner", "rank": owner,
+                                "kind": "microbatch", "window": window, "microbatch": mb,
+                                "owner": owner, "worker": worker, "lane": lane,
+                                "fwd_ms": float(rng.uniform(5, 9)), "bwd_ms": float(rng.uniform(9, 15)),
+                                "bytes": int(nbytes * rng.uniform(0.8, 1.0)),
+                            })  # fmt: skip
+        for owner in range(num_owners):
+            loss = 2.5 * np.exp(-0.3 * round_index) + float(rng.normal(0, 0.02))
+            records.append({
+                "ts_us": clock_us, "role": "owner", "rank": owner, "kind": "round",
+                "round": round_index, "owner": owner, "loss": loss, "perplexity": float(np.exp(loss)),
+                "accuracy": float(min(1.0, 0.4 + 0.1 * round_index + rng.normal(0, 0.01))),
+                "samples": 96, "bytes": 10_000_000,
+            })  # fmt: skip
+    return records
+
+
+def write_traces(records: Sequence[dict[str, Any]], traces_dir: str | Path) -> list[Path]:
+    """Writes records to `traces_dir/<role>-<rank>.jsonl` as the tracer would; returns the files."""
+    folder = Path(traces_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    by_file: dict[Path, list[str]] = {}
+    for record in records:
+        path = folder / f"{record['role']}-{record['rank']}.jsonl"
+        by_file.setdefault(path, []).append(json.dumps(record, separators=(",", ":")))
+    for path, lines in by_file.items():
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return sorted(by_file)
