@@ -1,0 +1,183 @@
+"""Link alpha/beta per ring link from the ring's own token records (no active prober).
+
+    .venv/bin/python tools/derive_link_params.py RUN/traces
+    .venv/bin/pytest tests/unit/test_analysis_links.py -q
+
+For link s-1 -> s, every token gives one sample
+    y[t] = recv_wait_ms[s, t] - compute_ms[s-1, t]    against    bytes[s, t]
+and `fit_link` regresses y on payload bytes: the slope is beta (ms per byte), the intercept
+alpha (ms). The head's input (the token id from the tail, a few bytes every time) is not a
+link this can measure, so links are 1..S-1.
+
+Assumptions, and where they break:
+- Everything in stage s's wait other than compute[s-1] and the link is constant per token.
+  On a single-sequence ring stage s also waits for the stages before s-1; their mean lands in
+  alpha and their jitter in the residual. Their prefill compute grows with the same prompt as
+  the payload, so for s >= 2 a prefill-driven beta also absorbs that growth: read beta with
+  r^2 and n, and prefer traces whose byte spread does not come only from prefill.
+- Beta needs at least two distinct payload sizes; a decode-only trace (fixed 1 x 1 x H
+  payload) gives a `NoFit` that says so.
+- On loopback (or two stages on one host) recv_wait is mostly peer scheduling delay, which on
+  a contended host dwarfs the transfer. Such links are flagged `loopback=True` and the tool
+  prints NOT A LINK MEASUREMENT instead of numbers.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from splitlab.analysis.fits import Fit, NoFit, fit_link
+from splitlab.analysis.traces import TraceFormatError, select
+
+NOT_A_LINK = "NOT A LINK MEASUREMENT"
+_WILDCARD = {"0.0.0.0", "::", ""}
+
+
+def is_loopback(host: str | None) -> bool:
+    """True for localhost, 127.0.0.0/8 and ::1 (with or without a port or brackets)."""
+    if not host:
+        return False
+    name = host.strip().lower()
+    if name.startswith("["):  # [::1]:5000
+        name = name[1:].split("]", 1)[0]
+    elif name.count(":") == 1:  # 127.0.0.1:5000 or localhost:5000
+        name = name.split(":", 1)[0]
+    if name in ("localhost", "localhost.localdomain", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class LinkEstimate:
+    """Alpha/beta of link `src_stage -> dst_stage`, or why there are none.
+
+    `loopback` is True when the hosts say the bytes never left the machine; then alpha and
+    beta, even if fitted, describe a memcpy plus scheduling, not a link. `note` carries the
+    reason for a flag or a missing fit.
+    """
+
+    src_stage: int
+    dst_stage: int
+    src_host: str | None
+    dst_host: str | None
+    n: int
+    alpha_ms: float | None
+    beta_ms_per_byte: float | None
+    r2: float | None
+    loopback: bool
+    note: str | None = None
+
+    @property
+    def is_measurement(self) -> bool:
+        return not self.loopback and self.alpha_ms is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _hosts(frame: pd.DataFrame) -> dict[int, dict[str, str | None]]:
+    meta = select(frame, "stage_meta")
+    out: dict[int, dict[str, str | None]] = {}
+    for record in meta.to_dict("records"):
+        peer = record.get("peer_host")
+        out[int(record["stage"])] = {
+            "host": str(record["host"]),
+            "peer_host": None if peer is None or pd.isna(peer) else str(peer),
+        }
+    return out
+
+
+def link_locality(
+    src: dict[str, str | None] | None, dst: dict[str, str | None] | None
+) -> tuple[bool, str | None]:
+    """(loopback?, reason) for a link from the two stages' `stage_meta` hosts."""
+    if src is None or dst is None:
+        return False, "no stage_meta for one end: cannot tell whether this link is real"
+    candidates = [("receiver binds", dst.get("host")), ("sender sends to", src.get("peer_host"))]
+    for label, host in candidates:
+        if is_loopback(host):
+            return True, f"{label} {host}, a loopback address"
+    src_host, dst_host = src.get("host"), dst.get("host")
+    if src_host == dst_host and src_host not in _WILDCARD:
+        return True, f"both stages on host {src_host}"
+    return False, None
+
+
+def link_samples(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per (link, token): dst_stage, token, bytes, y_ms = recv_wait[s] - compute[s-1]."""
+    tokens = select(frame, "token")
+    if tokens.empty:
+        return pd.DataFrame(columns=["dst_stage", "token", "bytes", "y_ms"])
+    keys = ["session", "token"] if "session" in tokens.columns else ["token"]
+    tokens = tokens.assign(stage=tokens["stage"].astype(int))
+    duplicated = tokens.duplicated(["stage", *keys])
+    if duplicated.any():
+        row = tokens[duplicated].iloc[0]
+        raise TraceFormatError(
+            f"stage {row['stage']} has two token records for {dict(row[keys])}; "
+            "tokens must be unique per stage (add a `session` field per generation)"
+        )
+    parts: list[pd.DataFrame] = []
+    stages = sorted(tokens["stage"].unique())
+    for stage in stages:
+        if stage == 0 or stage - 1 not in stages:
+            continue
+        dst = tokens[tokens["stage"] == stage][[*keys, "recv_wait_ms", "bytes"]]
+        src = tokens[tokens["stage"] == stage - 1][[*keys, "compute_ms"]]
+        joined = dst.merge(src, on=keys, how="inner")
+        parts.append(pd.DataFrame({
+            "dst_stage": stage, "token": joined["token"], "bytes": joined["bytes"].astype(float),
+            "y_ms": joined["recv_wait_ms"].astype(float) - joined["compute_ms"].astype(float),
+        }))  # fmt: skip
+    if not parts:
+        return pd.DataFrame(columns=["dst_stage", "token", "bytes", "y_ms"])
+    return pd.concat(parts, ignore_index=True)
+
+
+def derive_link_params(frame: pd.DataFrame) -> list[LinkEstimate]:
+    """One estimate per ring link s-1 -> s found in the token records, in stage order."""
+    samples = link_samples(frame)
+    hosts = _hosts(frame)
+    estimates: list[LinkEstimate] = []
+    for dst_stage, rows in samples.groupby("dst_stage", sort=True):
+        dst_stage = int(dst_stage)  # type: ignore[call-overload]
+        src, dst = hosts.get(dst_stage - 1), hosts.get(dst_stage)
+        loopback, reason = link_locality(src, dst)
+        fit: Fit | NoFit = fit_link(rows["bytes"].to_numpy(), rows["y_ms"].to_numpy())
+        notes = [reason] if reason else []
+        if isinstance(fit, Fit):
+            notes.extend(fit.warnings)
+            alpha, beta = fit.params["alpha_ms"], fit.params["beta_ms_per_byte"]
+            r2 = fit.r2
+        else:
+            notes.append(fit.reason)
+            alpha = beta = r2 = None
+        estimates.append(LinkEstimate(
+            src_stage=dst_stage - 1, dst_stage=dst_stage,
+            src_host=src["host"] if src else None, dst_host=dst["host"] if dst else None,
+            n=fit.n, alpha_ms=alpha, beta_ms_per_byte=beta, r2=r2, loopback=loopback,
+            note="; ".join(notes) or None,
+        ))  # fmt: skip
+    return estimates
+
+
+def format_estimate(estimate: LinkEstimate) -> str:
+    """One table row; a loopback link prints the warning and its reason instead of numbers."""
+    head = (f"link {estimate.src_stage}->{estimate.dst_stage} "
+            f"({estimate.src_host or '?'} -> {estimate.dst_host or '?'}) n={estimate.n}")  # fmt: skip
+    if estimate.loopback:
+        return f"{head}  {NOT_A_LINK}: {estimate.note}"
+    if estimate.alpha_ms is None or estimate.beta_ms_per_byte is None:
+        return f"{head}  no fit: {estimate.note}"
+    r2 = "n/a" if estimate.r2 is None else f"{estimate.r2:.4f}"
+    mb_per_s = 1e-3 / estimate.beta_ms_per_byte if estimate.beta_ms_per_byte > 0 else float("nan")
+    row = (f"{head}  alpha_ms={estimate.alpha_ms:.4f}  beta_ms_per_byte={estimate.beta_ms_per_byte:.4e}"
+           f"  (~{mb_per_s:.1f} MB/s)  r2={r2}")  # fmt: skip
+    return f"{row}  note: {estimate.note}" if estimate.note else row
