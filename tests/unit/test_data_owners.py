@@ -1,0 +1,147 @@
+"""Owner shards and the held-out set: disjoint, seeded, refreshed per round, batched.
+
+.venv/bin/pytest tests/unit/test_data_owners.py
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from data_helpers import sentiment_frame, word_tokenizer, write_table
+
+from splitlab.config.enums import DataDistribution, DataSource, TaskKind
+from splitlab.config.schema import DataConfig
+from splitlab.data.owners import build_owner_datasets
+from splitlab.errors import ConfigError
+
+
+@pytest.fixture
+def csv_path(tmp_path: Path) -> Path:
+    return write_table(sentiment_frame(200), tmp_path / "reviews.csv")
+
+
+def _cfg(path: Path, **kw: object) -> DataConfig:
+    base: dict[str, object] = {
+        "name": "reviews",
+        "source": DataSource.file,
+        "task": TaskKind.classification,
+        "path": str(path),
+        "samples_per_owner": 40,
+        "val_samples": 30,
+        "max_length": 6,
+    }
+    return DataConfig(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def _ids(cfg: DataConfig, num_owners: int = 3, round_index: int = 0) -> list[list[int]]:
+    owners, val = build_owner_datasets(
+        cfg, word_tokenizer(), num_owners=num_owners, round_index=round_index
+    )
+    return [s.example_ids for s in owners] + [val.example_ids]
+
+
+def test_shards_are_disjoint_and_sized(csv_path: Path) -> None:
+    groups = _ids(_cfg(csv_path))
+    flat = [i for g in groups for i in g]
+    assert [len(g) for g in groups] == [40, 40, 40, 30]
+    assert len(flat) == len(set(flat))
+
+
+@pytest.mark.parametrize("distribution", list(DataDistribution))
+def test_split_is_fixed_across_rounds_without_refresh(csv_path: Path, distribution: str) -> None:
+    cfg = _cfg(csv_path, distribution=distribution)
+    assert _ids(cfg, round_index=0) == _ids(cfg, round_index=5)
+
+
+def test_refresh_draws_a_new_owner_split_but_keeps_validation(csv_path: Path) -> None:
+    cfg = _cfg(csv_path, refresh_each_round=True)
+    first, second = _ids(cfg, round_index=0), _ids(cfg, round_index=1)
+    assert first[:3] != second[:3]
+    assert first[3] == second[3]
+
+
+def test_batches_pad_to_their_own_longest_row(csv_path: Path) -> None:
+    owners, _ = build_owner_datasets(_cfg(csv_path), word_tokenizer(), num_owners=2)
+    shard = owners[0]
+    batches = list(shard.batches(8, seed=0))
+    assert sum(b["input_ids"].shape[0] for b in batches) == len(shard)
+    for b in batches:
+        lengths = b["attention_mask"].sum(dim=1)
+        assert b["input_ids"].shape[1] == int(lengths.max()) <= 6
+        assert b["labels"].shape == (b["input_ids"].shape[0],)
+
+
+def test_label_counts_follow_the_labels(csv_path: Path) -> None:
+    owners, val = build_owner_datasets(_cfg(csv_path), word_tokenizer(), num_owners=2)
+    for shard in [*owners, val]:
+        assert sum(shard.label_counts()) == len(shard)
+        assert shard.label_names == ["neg", "pos"]
+
+
+def test_gpt2_style_tokenizer_gets_eos_as_pad(csv_path: Path) -> None:
+    tok = word_tokenizer(with_pad=False)
+    owners, _ = build_owner_datasets(_cfg(csv_path), tok, num_owners=1)
+    assert owners[0].pad_id == tok.eos_token_id
+
+
+def test_too_few_examples_names_the_fields(csv_path: Path) -> None:
+    with pytest.raises(ConfigError, match="samples_per_owner=40"):
+        build_owner_datasets(_cfg(csv_path), word_tokenizer(), num_owners=5)
+
+
+def test_dirichlet_without_labels_asks_for_iid(tmp_path: Path) -> None:
+    path = write_table(pd.DataFrame({"text": ["the film"] * 20}), tmp_path / "lm.csv")
+    cfg = _cfg(path, task=TaskKind.causal_lm, label_column=None, samples_per_owner=5, val_samples=2)
+    with pytest.raises(ConfigError, match="distribution=iid"):
+        build_owner_datasets(cfg, word_tokenizer(), num_owners=2)
+
+
+def test_causal_lm_shards_batch_with_token_labels(tmp_path: Path) -> None:
+    path = write_table(pd.DataFrame({"text": ["the film was good"] * 20}), tmp_path / "lm.csv")
+    cfg = _cfg(
+        path,
+        task=TaskKind.causal_lm,
+        label_column=None,
+        samples_per_owner=5,
+        val_samples=2,
+        distribution=DataDistribution.iid,
+    )
+    owners, _ = build_owner_datasets(cfg, word_tokenizer(), num_owners=2)
+    batch = next(owners[0].batches(4, seed=0))
+    assert batch["labels"].shape == batch["input_ids"].shape
+
+
+def test_gsm_symbolic_builds_iid_and_dirichlet_shards() -> None:
+    pytest.importorskip("reasoning_gym")
+    for distribution in DataDistribution:
+        cfg = DataConfig(
+            name="gsm_symbolic",
+            source=DataSource.generator,
+            task=TaskKind.causal_lm,
+            label_column=None,
+            samples_per_owner=8,
+            val_samples=4,
+            max_length=32,
+            distribution=distribution,
+        )
+        owners, val = build_owner_datasets(cfg, word_tokenizer(), num_owners=2)
+        assert [len(s) for s in owners] == [8, 8] and len(val) == 4
+
+
+@pytest.mark.assets
+def test_rotten_tomatoes_with_the_gpt2_tokenizer_batches() -> None:
+    from transformers import AutoTokenizer
+
+    from splitlab.models.assets import fetch
+
+    cfg = DataConfig(
+        name="rotten_tomatoes", source=DataSource.packaged, task=TaskKind.classification
+    )
+    tokenizer = AutoTokenizer.from_pretrained(fetch("gpt2_tokenizer"))
+    owners, val = build_owner_datasets(cfg, tokenizer, num_owners=2)
+    batch = next(owners[0].batches(16, seed=0))
+    assert [len(s) for s in owners] == [512, 512] and len(val) == 256
+    assert batch["input_ids"].shape[1] <= cfg.max_length
+    assert owners[0].pad_id == tokenizer.eos_token_id == 50256
