@@ -11,6 +11,9 @@ import pandas as pd
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from splitlab.config.enums import DataSource, TaskKind
+from splitlab.config.schema import DataConfig
+
 WORDS = "the a film was good bad great awful plot and not very so fun dull long short".split()
 
 
@@ -52,3 +55,14 @@ def write_table(frame: pd.DataFrame, path: Path) -> Path:
     else:
         raise ValueError(f"no writer for {path.suffix}")
     return path
+
+
+def file_data_config(path: Path, **overrides: object) -> DataConfig:
+    """A classification DataConfig reading `path`, with `overrides` on top."""
+    base: dict[str, object] = {
+        "name": "local",
+        "source": DataSource.file,
+        "task": TaskKind.classification,
+        "path": str(path),
+    }
+    return DataConfig(**{**base, **overrides})  # type: ignore[arg-type]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from data_helpers import sentiment_frame, word_tokenizer, write_table
+from data_helpers import file_data_config, sentiment_frame, word_tokenizer, write_table
 
 from splitlab.config.enums import DataDistribution, DataSource, TaskKind
 from splitlab.config.schema import DataConfig
@@ -22,17 +22,9 @@ def csv_path(tmp_path: Path) -> Path:
     return write_table(sentiment_frame(200), tmp_path / "reviews.csv")
 
 
-def _cfg(path: Path, **kw: object) -> DataConfig:
-    base: dict[str, object] = {
-        "name": "reviews",
-        "source": DataSource.file,
-        "task": TaskKind.classification,
-        "path": str(path),
-        "samples_per_owner": 40,
-        "val_samples": 30,
-        "max_length": 6,
-    }
-    return DataConfig(**{**base, **kw})  # type: ignore[arg-type]
+def _cfg(path: Path, **overrides: object) -> DataConfig:
+    sizes: dict[str, object] = {"samples_per_owner": 40, "val_samples": 30, "max_length": 6}
+    return file_data_config(path, **{**sizes, **overrides})
 
 
 def _ids(cfg: DataConfig, num_owners: int = 3, round_index: int = 0) -> list[list[int]]:

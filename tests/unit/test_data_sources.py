@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from data_helpers import sentiment_frame, write_table
+from data_helpers import file_data_config, sentiment_frame, write_table
 
 from splitlab.config.enums import DataSource, TaskKind
 from splitlab.config.schema import DataConfig
@@ -18,20 +18,10 @@ from splitlab.data.sources import label_ids, load_examples
 from splitlab.errors import ConfigError
 
 
-def _file_cfg(path: Path, **kw: object) -> DataConfig:
-    base: dict[str, object] = {
-        "name": "local",
-        "source": DataSource.file,
-        "task": TaskKind.classification,
-        "path": str(path),
-    }
-    return DataConfig(**{**base, **kw})  # type: ignore[arg-type]
-
-
 @pytest.mark.parametrize("suffix", [".csv", ".tsv", ".jsonl", ".parquet"])
 def test_file_readers_give_the_same_examples(tmp_path: Path, suffix: str) -> None:
     path = write_table(sentiment_frame(10), tmp_path / f"d{suffix}")
-    ex = load_examples(_file_cfg(path, labels=["neg", "pos"]))
+    ex = load_examples(file_data_config(path, labels=["neg", "pos"]))
     assert ex.texts == sentiment_frame(10)["text"].tolist()
     assert ex.labels == [1, 0] * 5
     assert ex.label_names == ["neg", "pos"]
@@ -40,14 +30,14 @@ def test_file_readers_give_the_same_examples(tmp_path: Path, suffix: str) -> Non
 
 def test_labels_are_inferred_sorted_when_not_named(tmp_path: Path) -> None:
     path = write_table(sentiment_frame(4), tmp_path / "d.csv")
-    ex = load_examples(_file_cfg(path))
+    ex = load_examples(file_data_config(path))
     assert ex.label_names == ["neg", "pos"]
     assert ex.labels == [1, 0, 1, 0]
 
 
 def test_config_label_order_sets_the_ids(tmp_path: Path) -> None:
     path = write_table(sentiment_frame(4), tmp_path / "d.csv")
-    assert load_examples(_file_cfg(path, labels=["pos", "neg"])).labels == [0, 1, 0, 1]
+    assert load_examples(file_data_config(path, labels=["pos", "neg"])).labels == [0, 1, 0, 1]
 
 
 def test_integer_labels_keep_their_ids_with_named_classes() -> None:
@@ -66,25 +56,27 @@ def test_unnamed_integer_labels_are_ranked() -> None:
 def test_unknown_string_label_names_the_value(tmp_path: Path) -> None:
     path = write_table(sentiment_frame(4), tmp_path / "d.csv")
     with pytest.raises(ConfigError, match="'pos'"):
-        load_examples(_file_cfg(path, labels=["neg", "meh"]))
+        load_examples(file_data_config(path, labels=["neg", "meh"]))
 
 
 def test_missing_column_names_the_key_and_the_columns(tmp_path: Path) -> None:
     path = write_table(sentiment_frame(4), tmp_path / "d.csv")
     with pytest.raises(ConfigError, match=r"data.text_column='sentence'.*\['text', 'label'\]"):
-        load_examples(_file_cfg(path, text_column="sentence"))
+        load_examples(file_data_config(path, text_column="sentence"))
 
 
 def test_rows_with_missing_text_are_dropped(tmp_path: Path) -> None:
     frame = pd.DataFrame({"text": ["good", None, "bad"], "label": ["pos", "pos", "neg"]})
-    ex = load_examples(_file_cfg(write_table(frame, tmp_path / "d.csv")))
+    ex = load_examples(file_data_config(write_table(frame, tmp_path / "d.csv")))
     assert ex.texts == ["good", "bad"]
 
 
 def test_causal_lm_file_keeps_answers_as_targets(tmp_path: Path) -> None:
     frame = pd.DataFrame({"question": ["1+1?", "2+2?"], "answer": ["1+1=2\n#### 2", "#### 4"]})
     path = write_table(frame, tmp_path / "gsm8k.jsonl")
-    cfg = _file_cfg(path, task=TaskKind.causal_lm, text_column="question", label_column="answer")
+    cfg = file_data_config(
+        path, task=TaskKind.causal_lm, text_column="question", label_column="answer"
+    )
     ex = load_examples(cfg)
     assert ex.texts == ["1+1?", "2+2?"]
     assert ex.targets == ["1+1=2\n#### 2", "#### 4"]
@@ -95,12 +87,12 @@ def test_unknown_file_format_is_a_config_error(tmp_path: Path) -> None:
     path = tmp_path / "d.xlsx"
     path.write_text("x")
     with pytest.raises(ConfigError, match="unknown format"):
-        load_examples(_file_cfg(path))
+        load_examples(file_data_config(path))
 
 
 def test_missing_file_names_the_path(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="nope.csv"):
-        load_examples(_file_cfg(tmp_path / "nope.csv"))
+        load_examples(file_data_config(tmp_path / "nope.csv"))
 
 
 def test_hub_reads_a_saved_copy_with_class_label_names(tmp_path: Path) -> None:
