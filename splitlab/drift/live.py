@@ -1,0 +1,153 @@
+"""Live backend: observations from this host's sensors, sampled on a background thread.
+
+A synchronous nvidia-smi costs tens of milliseconds, which would make the drift source the
+overhead it exists to measure; so a daemon thread samples psutil (and nvidia-smi or tegrastats
+where the binary exists) every `period_s` and `observe` only reads the cached sample (a few
+microseconds; the budget is 2 ms). Live drift is observed, never injected: `phi` is 1.
+
+    .venv/bin/pytest tests/unit/test_drift_live.py -q
+    .venv/bin/python tools/check_drift_source.py   # prints the measured read cost
+
+Missing sensors read as NaN rather than an invented value: theta_obs on a host with no
+temperature sensor, and link_obs until the ring calls `report_link` with what it measured.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import threading
+import time
+from collections.abc import Callable
+
+import psutil
+
+from splitlab.drift import sensors
+from splitlab.drift.contract import DriftSource, Observation
+from splitlab.drift.sensors import Reading
+from splitlab.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def _frac(pct: float | None) -> float:
+    return math.nan if pct is None else min(1.0, max(0.0, pct / 100.0))
+
+
+def observation_from(reading: Reading, link_factor: float) -> Observation:
+    """Map a merged sensor reading onto the four-key contract."""
+    return Observation(
+        theta_obs=math.nan if reading.temp_c is None else float(reading.temp_c),
+        q_cmp_obs=_frac(reading.util_pct),
+        q_mem_obs=_frac(reading.mem_pct),
+        link_obs=link_factor,
+    )
+
+
+class LiveSource(DriftSource):
+    """One stage's live sensors; `observe` returns the latest cached sample."""
+
+    def __init__(
+        self,
+        *,
+        stage: int,
+        period_s: float = 0.5,
+        gpu_index: int | None = None,
+        use_gpu_tools: bool = True,
+        read_host: Callable[[], Reading] = sensors.read_psutil,
+    ) -> None:
+        if not (math.isfinite(period_s) and period_s > 0):
+            raise ConfigError(f"drift live period_s must be > 0, got {period_s}")
+        self.stage = stage
+        self.period_s = period_s
+        self._gpu_index = gpu_index
+        self._read_host = read_host
+        self._nvidia_smi = shutil.which("nvidia-smi") if use_gpu_tools else None
+        tegrastats = shutil.which("tegrastats") if use_gpu_tools else None
+        self._link_factor = math.nan
+        self._gpu: Reading | None = None  # latest nvidia-smi / tegrastats reading
+        self._stop = threading.Event()
+        self._tegra: sensors.TegrastatsReader | None = None
+        self._threads: list[threading.Thread] = []
+        self.num_samples = 0
+
+        psutil.cpu_percent(interval=None)  # primes the counter; the first call always says 0
+        self._sample()  # synchronous once, so observe never sees an empty cache
+        self._threads.append(
+            threading.Thread(target=self._poll, name=f"drift-live-{stage}", daemon=True)
+        )
+        if tegrastats is not None and self._nvidia_smi is None:
+            self._tegra = sensors.TegrastatsReader(tegrastats, max(1, int(period_s * 1000)))
+            self._threads.append(
+                threading.Thread(
+                    target=self._follow_tegra, name=f"drift-tegra-{stage}", daemon=True
+                )
+            )
+        for thread in self._threads:
+            thread.start()
+        log.info(
+            "live drift source: stage %d, every %.3f s, gpu tool %s",
+            stage,
+            period_s,
+            self._nvidia_smi or tegrastats or "none",
+        )
+
+    @property
+    def gpu_tool(self) -> str | None:
+        """Path of nvidia-smi or tegrastats in use, or None on a CPU-only host."""
+        if self._nvidia_smi is not None:
+            return self._nvidia_smi
+        return None if self._tegra is None else "tegrastats"
+
+    def _sample(self) -> None:
+        host = self._read_host()
+        if self._nvidia_smi is not None:
+            self._gpu = sensors.read_nvidia_smi(self._nvidia_smi, self._gpu_index)
+        readings = [host] if self._gpu is None else [host, self._gpu]
+        # One reference assignment: readers see the old sample or the new one, never a mix.
+        self._reading = sensors.merge(readings)
+        self._sampled_at = time.monotonic()
+        self.num_samples += 1
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.period_s):
+            try:
+                self._sample()
+            except Exception:  # a flaky sensor must not kill the sampler; keep the last sample
+                log.exception("live drift sample failed; keeping the previous one")
+
+    def _follow_tegra(self) -> None:
+        assert self._tegra is not None
+        while not self._stop.is_set():
+            reading = self._tegra.read_line()
+            if reading is None:
+                return
+            self._gpu = reading
+
+    @property
+    def sample_age_s(self) -> float:
+        """Seconds since the cached sample was taken (for telemetry)."""
+        return time.monotonic() - self._sampled_at
+
+    def report_link(self, link_factor: float) -> None:
+        """Record the ring's own measure of the outgoing link, (0, 1] with 1 = nominal."""
+        self._link_factor = float(link_factor)
+
+    def observe(self, token: int) -> dict[str, float]:
+        return observation_from(self._reading, self._link_factor).to_dict()
+
+    def phi(self, token: int) -> float:
+        return 1.0
+
+    @property
+    def exhausted(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._tegra is not None:
+            self._tegra.close()  # ends the blocking readline in _follow_tegra
+        for thread in self._threads:
+            thread.join(timeout=max(2.0, 2 * self.period_s))
+        self._threads = []
