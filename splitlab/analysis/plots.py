@@ -1,0 +1,208 @@
+"""Figures from trace frames: each function takes pandas frames and returns a matplotlib Figure.
+
+    .venv/bin/pytest tests/unit/test_analysis_plots.py -q
+
+Figures are built with `matplotlib.figure.Figure` directly, never pyplot, so no global state or
+GUI backend is involved; `fig.savefig(path)` writes PNG/PDF/SVG. Frames are the `select`ed
+records of `splitlab.analysis.traces` (columns as in its contract). A frame that lacks the data
+a figure is about raises ValueError naming it, rather than returning empty axes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.collections import Collection
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Rectangle
+from matplotlib.ticker import MaxNLocator
+
+from splitlab.analysis.fits import Fit, NoFit
+
+_X_LABELS = {
+    "decode": "context P + t (tokens)",
+    "prefill": "prompt length P (tokens)",
+    "link": "payload (bytes)",
+}
+
+
+def _require(frame: pd.DataFrame | None, columns: Iterable[str], what: str) -> pd.DataFrame:
+    if frame is None or frame.empty:
+        raise ValueError(f"{what}: no records to plot")
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{what}: frame lacks columns {missing}")
+    return frame
+
+
+def _name(value: object) -> str:
+    """A label for an id that pandas may have widened to float (stage 1.0 -> "1")."""
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _artist_has_data(artist: object) -> bool:
+    if isinstance(artist, Line2D):
+        y = np.asarray(artist.get_ydata(), dtype=float)
+        return bool(y.size and np.isfinite(y).any())
+    if isinstance(artist, Collection):
+        return len(artist.get_offsets()) > 0 or any(len(p.vertices) for p in artist.get_paths())
+    if isinstance(artist, Rectangle):
+        return artist.get_width() != 0 and artist.get_height() != 0
+    return False
+
+
+def axes_has_data(ax: Axes) -> bool:
+    """True when a line, collection or bar on `ax` holds at least one finite value."""
+    return any(_artist_has_data(a) for a in (*ax.lines, *ax.collections, *ax.patches))
+
+
+def figure_has_data(fig: Figure) -> bool:
+    """True when the figure has axes and every one of them holds data."""
+    return bool(fig.axes) and all(axes_has_data(ax) for ax in fig.axes)
+
+
+def _token_positions(events: pd.DataFrame, head: pd.DataFrame) -> np.ndarray:
+    """Token index of each barrier/migration: its `token` field, else by `ts_us` at the head."""
+    by_time = head["token"].to_numpy()[
+        np.clip(
+            np.searchsorted(head["ts_us"].to_numpy(), events["ts_us"].to_numpy()), 0, len(head) - 1
+        )
+    ]
+    if "token" not in events.columns:
+        return by_time.astype(float)
+    return events["token"].astype(float).fillna(pd.Series(by_time, index=events.index)).to_numpy()
+
+
+def plot_ring_timeline(
+    tokens: pd.DataFrame,
+    windows: pd.DataFrame | None = None,
+    migrations: pd.DataFrame | None = None,
+) -> Figure:
+    """Head TPOT and per-stage compute along the run, with barrier and migration markers.
+
+    Barriers are dotted grey lines (red when aborted), migrations solid orange lines labelled
+    with the boundary and the number of blocks moved.
+    """
+    _require(tokens, ("stage", "token", "compute_ms", "ts_us"), "ring timeline")
+    head = tokens[tokens["stage"] == 0].sort_values("ts_us")
+    if "tpot_ms" not in head.columns or head["tpot_ms"].isna().all():
+        raise ValueError("ring timeline: the head's token records carry no tpot_ms")
+    fig = Figure(figsize=(10, 6), layout="constrained")
+    ax_tpot, ax_compute = fig.subplots(2, 1, sharex=True)
+    ax_tpot.plot(head["token"], head["tpot_ms"], lw=1, label="head TPOT")
+    ax_tpot.set_ylabel("TPOT (ms)")
+    for stage, rows in tokens.groupby("stage", sort=True):
+        ax_compute.plot(rows["token"], rows["compute_ms"], lw=1, label=f"stage {_name(stage)}")
+    ax_compute.set_ylabel("compute per token (ms)")
+    ax_compute.set_xlabel("token")
+    ax_compute.legend(loc="upper right", fontsize="small")
+    if windows is not None and not windows.empty:
+        aborted = windows.get("aborted", pd.Series(False, index=windows.index)).fillna(False)
+        for x, bad in zip(_token_positions(windows, head), aborted.astype(bool), strict=True):
+            for ax in (ax_tpot, ax_compute):
+                ax.axvline(x, color="tab:red" if bad else "0.6", ls=":", lw=0.8)
+    if migrations is not None and not migrations.empty:
+        for x, row in zip(
+            _token_positions(migrations, head), migrations.to_dict("records"), strict=True
+        ):
+            for ax in (ax_tpot, ax_compute):
+                ax.axvline(x, color="tab:orange", lw=1.2)
+            ax_tpot.annotate(f"b{_name(row.get('boundary'))} k={_name(row.get('k'))}", (x, 1), xycoords=("data", "axes fraction"),
+                             fontsize="x-small", color="tab:orange", va="top")  # fmt: skip
+    ax_tpot.set_title(
+        "ring: TPOT and per-stage compute (dotted: barrier, red: aborted, orange: migration)"
+    )
+    return fig
+
+
+def plot_training_rounds(rounds: pd.DataFrame) -> Figure:
+    """Loss and accuracy per round, one line per owner."""
+    _require(rounds, ("round", "owner", "loss", "accuracy"), "training rounds")
+    fig = Figure(figsize=(10, 4), layout="constrained")
+    ax_loss, ax_acc = fig.subplots(1, 2, sharex=True)
+    for owner, rows in rounds.sort_values("round").groupby("owner", sort=True):
+        ax_loss.plot(rows["round"], rows["loss"], marker="o", label=f"owner {_name(owner)}")
+        ax_acc.plot(rows["round"], rows["accuracy"], marker="o", label=f"owner {_name(owner)}")
+    ax_loss.set(xlabel="round", ylabel="loss (nats per token)", title="loss per round")
+    ax_acc.set(xlabel="round", ylabel="accuracy (fraction)", title="accuracy per round")
+    ax_acc.legend(fontsize="small")
+    ax_loss.xaxis.set_major_locator(MaxNLocator(integer=True))
+    return fig
+
+
+def plot_wrr(wrr: pd.DataFrame) -> Figure:
+    """Microbatches each worker was allocated per window, stacked by worker; one panel per owner."""
+    _require(wrr, ("window", "owner", "worker", "count"), "WRR allocation")
+    owners = sorted(wrr["owner"].unique())
+    fig = Figure(figsize=(10, 2.5 * len(owners) + 0.5), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(len(owners), 1, sharex=True, squeeze=False)[:, 0])
+    for ax, owner in zip(axes, owners, strict=True):
+        table = wrr[wrr["owner"] == owner].pivot_table(
+            index="window", columns="worker", values="count", aggfunc="sum", fill_value=0
+        )
+        bottom = np.zeros(len(table))
+        for worker in table.columns:
+            ax.bar(table.index, table[worker], bottom=bottom, label=f"worker {_name(worker)}")
+            bottom += table[worker].to_numpy()
+        ax.set(ylabel="microbatches", title=f"WRR allocation, owner {_name(owner)}")
+        ax.legend(fontsize="small", loc="upper right")
+    axes[-1].set_xlabel("window")
+    return fig
+
+
+def plot_bytes_per_microbatch(microbatches: pd.DataFrame) -> Figure:
+    """Payload bytes of each microbatch in trace order, one series per lane."""
+    _require(microbatches, ("bytes", "lane"), "bytes per microbatch")
+    order = "ts_us" if "ts_us" in microbatches.columns else "microbatch"
+    fig = Figure(figsize=(10, 4), layout="constrained")
+    ax = fig.subplots()
+    for lane, rows in microbatches.sort_values(order).groupby("lane", sort=True):
+        ax.plot(np.arange(len(rows)), rows["bytes"].to_numpy() / 1024, marker=".", lw=0.8,
+                label=_name(lane))  # fmt: skip
+    ax.set(xlabel="microbatch (trace order, per lane)", ylabel="payload (KiB)",
+           title="bytes per microbatch per lane")  # fmt: skip
+    ax.legend(fontsize="small")
+    return fig
+
+
+def plot_sft_rank(table: pd.DataFrame) -> Figure:
+    """Accuracy against SFT (LoRA) rank; one line per `label` when the table has one."""
+    _require(table, ("rank", "accuracy"), "SFT accuracy against rank")
+    fig = Figure(figsize=(6, 4), layout="constrained")
+    ax = fig.subplots()
+    groups = table.groupby("label", sort=True) if "label" in table.columns else [("", table)]
+    for label, rows in groups:
+        rows = rows.sort_values("rank")
+        err = rows["accuracy_std"] if "accuracy_std" in rows.columns else None
+        ax.errorbar(rows["rank"], rows["accuracy"], yerr=err, marker="o", capsize=3,
+                    label=str(label) or None)  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="SFT rank R", ylabel="accuracy (fraction)", title="SFT accuracy against rank")
+    if "label" in table.columns:
+        ax.legend(fontsize="small")
+    return fig
+
+
+def plot_calibration(points: pd.DataFrame, fit: Fit | NoFit) -> Figure:
+    """Measured points (`x`, `ms`) with the fitted curve and its coefficients and r^2."""
+    _require(points, ("x", "ms"), f"{fit.model} calibration")
+    fig = Figure(figsize=(6, 4), layout="constrained")
+    ax = fig.subplots()
+    ax.scatter(points["x"], points["ms"], s=12, label="measured")
+    if isinstance(fit, Fit):
+        grid = np.linspace(float(points["x"].min()), float(points["x"].max()), 200)
+        ax.plot(grid, fit.predict(grid), color="tab:red", label="fit")
+        params = ", ".join(f"{k}={v:.3g}" for k, v in fit.params.items())
+        r2 = "n/a" if fit.r2 is None else f"{fit.r2:.3f}"
+        ax.set_title(f"{fit.model}: {params}, r2={r2}, n={fit.n}", fontsize="small")
+    else:
+        ax.set_title(f"{fit.model}: no fit ({fit.reason})", fontsize="small")
+    ax.set(xlabel=_X_LABELS.get(fit.model, "x"), ylabel="time (ms)")
+    ax.legend(fontsize="small")
+    return fig
