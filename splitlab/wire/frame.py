@@ -260,10 +260,15 @@ def recv_exact(recv_into: RecvInto, view: memoryview, *, what: str) -> None:
         got += k
 
 
-def read_header(recv_into: RecvInto, scratch: bytearray, *, max_frame_bytes: int) -> FrameHeader:
-    """Read and validate the length prefix and JSON header (nothing is allocated for tensors)."""
+def read_header(
+    recv_into: RecvInto, scratch: bytearray, *, max_frame_bytes: int, have_bytes: int = 0
+) -> FrameHeader:
+    """Read and validate the length prefix and JSON header (nothing is allocated for tensors).
+
+    `have_bytes` prefix bytes may already sit at the start of `scratch` (a non-blocking probe).
+    """
     mv = memoryview(scratch)
-    recv_exact(recv_into, mv[:4], what="prefix")
+    recv_exact(recv_into, mv[have_bytes:4], what="prefix")
     (n,) = PREFIX.unpack_from(scratch)
     if not 0 < n <= MAX_HEADER_BYTES:
         raise FrameError("header_bytes", n, f"must be 1..{MAX_HEADER_BYTES}")
