@@ -56,15 +56,14 @@ class ControlEndpoint:
     def poll(self, timeout_s: float, kinds: Collection[Kind] | None = None) -> Message | None:
         """Next message (ABORT first, else the oldest of `kinds`), waiting up to `timeout_s`."""
         deadline = time.monotonic() + max(0.0, timeout_s)
-        self._pull(0.0)
         while True:
+            # Something to return already: only look at what is waiting (an ABORT may be).
+            # Nothing: block; the bus returns everything waiting once the first arrives.
+            ready = self.inbox.has(kinds)
+            self._pull(0.0 if ready else max(0.0, deadline - time.monotonic()))
             msg = self.inbox.pop(kinds)
-            if msg is not None:
+            if msg is not None or time.monotonic() >= deadline:
                 return msg
-            remaining_s = deadline - time.monotonic()
-            if remaining_s <= 0:
-                return None
-            self._pull(remaining_s)
 
     def wait_for(self, kinds: Collection[Kind], timeout_s: float) -> Message:
         """Like `poll`, but an ABORT raises `AbortedError` and running out raises `WaitTimeoutError`."""

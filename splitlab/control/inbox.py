@@ -104,6 +104,10 @@ class Inbox:
             self._pending.append(msg)
         return Verdict.ACCEPTED
 
+    def has(self, kinds: Collection[Kind] | None = None) -> bool:
+        """Whether `pop(kinds)` would return a message now."""
+        return bool(self._aborts) or any(kinds is None or m.kind in kinds for m in self._pending)
+
     def pop(self, kinds: Collection[Kind] | None = None) -> Message | None:
         """Next message: any ABORT first, then the oldest message whose kind is in `kinds`."""
         if self._aborts:

@@ -148,3 +148,11 @@ def test_reordered_and_duplicated_deliveries_yield_each_message_once(data: st.Da
     # Assert
     assert sorted(popped, key=lambda m: m.sender) == current
     assert inbox.num_stale == len(stale)
+
+
+def test_has_sees_aborts_and_matching_kinds_only() -> None:
+    inbox = Inbox("s")
+    inbox.offer(_plan(0))
+    assert inbox.has((Kind.PLAN,)) and not inbox.has((Kind.OPEN,))
+    inbox.offer(_abort())
+    assert inbox.has((Kind.OPEN,))
