@@ -147,7 +147,7 @@ def derive_link_params(frame: pd.DataFrame) -> list[LinkEstimate]:
     hosts = _hosts(frame)
     estimates: list[LinkEstimate] = []
     for dst_stage, rows in samples.groupby("dst_stage", sort=True):
-        dst_stage = int(dst_stage)  # type: ignore[call-overload]
+        dst_stage = int(dst_stage)
         src, dst = hosts.get(dst_stage - 1), hosts.get(dst_stage)
         loopback, reason = link_locality(src, dst)
         fit: Fit | NoFit = fit_link(rows["bytes"].to_numpy(), rows["y_ms"].to_numpy())
