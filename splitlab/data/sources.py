@@ -80,12 +80,22 @@ def read_table(path: Path) -> pd.DataFrame:
         ".tsv": lambda p: pd.read_csv(p, sep="\t", quoting=csv.QUOTE_NONE),  # GLUE's TSVs
         ".jsonl": lambda p: pd.read_json(p, lines=True),
         ".json": lambda p: pd.read_json(p, lines=True),
-        ".parquet": pd.read_parquet,
+        ".parquet": _read_parquet,
     }
     for ext, reader in readers.items():
         if suffix == ext or suffix.startswith(ext + "."):
             return reader(path)
     raise ConfigError(f"data.path={str(path)!r}: unknown format; use one of {sorted(readers)}")
+
+
+def _read_parquet(path: Path) -> pd.DataFrame:
+    try:
+        import pyarrow  # noqa: F401  (pandas' parquet engine)
+    except ImportError as exc:
+        raise ConfigError(
+            f"data.path={str(path)!r}: Parquet needs pyarrow: pip install 'splitlab[parquet]'"
+        ) from exc
+    return pd.read_parquet(path)
 
 
 def frame_to_examples(

@@ -20,12 +20,24 @@ from splitlab.errors import ConfigError
 
 @pytest.mark.parametrize("suffix", [".csv", ".tsv", ".jsonl", ".parquet"])
 def test_file_readers_give_the_same_examples(tmp_path: Path, suffix: str) -> None:
+    if suffix == ".parquet":
+        pytest.importorskip("pyarrow")
     path = write_table(sentiment_frame(10), tmp_path / f"d{suffix}")
     ex = load_examples(file_data_config(path, labels=["neg", "pos"]))
     assert ex.texts == sentiment_frame(10)["text"].tolist()
     assert ex.labels == [1, 0] * 5
     assert ex.label_names == ["neg", "pos"]
     assert ex.strata == ex.labels
+
+
+def test_parquet_without_pyarrow_names_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "d.parquet"
+    path.write_bytes(b"PAR1")
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    with pytest.raises(ConfigError, match=r"splitlab\[parquet\]"):
+        load_examples(file_data_config(path))
 
 
 def test_labels_are_inferred_sorted_when_not_named(tmp_path: Path) -> None:
