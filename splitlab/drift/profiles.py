@@ -160,7 +160,8 @@ def _oscillating(p: ProfileParams, t: int, s: int, nom: _Nominal) -> DriftRecord
     # Raised cosine: phi is 1 at token 0, `phi` at half a period, back to 1 at a full period.
     phase = 0.5 * (1.0 - math.cos(2.0 * math.pi * t / p.period_tokens))
     phi = 1.0 + (p.phi - 1.0) * phase
-    return _record(t, s, nom, theta_c=nom.theta_c + OSC_C_PER_PHI * (phi - 1.0), phi=phi)
+    theta = min(PEAK_C, nom.theta_c + OSC_C_PER_PHI * (phi - 1.0))  # a chip tops out
+    return _record(t, s, nom, theta_c=theta, phi=phi)
 
 
 def _link_degrade(p: ProfileParams, t: int, s: int, nom: _Nominal) -> DriftRecord:

@@ -5,9 +5,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -256,3 +258,33 @@ def test_make_source_refuses_a_profile_read_live() -> None:
         make_source(
             config(source=DriftSource.live), stage=0, num_stages=3, run_id="r", run_dir=None
         )
+
+
+# --- tools -----------------------------------------------------------------------------------
+
+
+def load_tool(name: str) -> ModuleType:
+    path = Path(__file__).resolve().parents[2] / "tools" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_make_drift_trace_tool_writes_a_readable_trace(tmp_path: Path) -> None:
+    out = tmp_path / "t.jsonl"
+    argv = ["--profile", "oscillating", "--stages", "2", "--tokens", "30", "--out", str(out)]
+    assert load_tool("make_drift_trace").main(argv) == 0
+    trace = read_trace(out)
+    assert (trace.header.profile, trace.header.num_stages, trace.num_tokens) == (
+        "oscillating",
+        2,
+        30,
+    )
+
+
+def test_check_drift_source_passes_and_fails_on_zero_noise() -> None:
+    tool = load_tool("check_drift_source")
+    assert tool.main(["--no-live", "--tokens", "40"]) == 0
+    assert tool.main(["--no-live", "--tokens", "40", "--noise-var", "0"]) == 1
