@@ -239,6 +239,7 @@ class DataConfig:
     hub_split: str = "train"  # split read from the hub
     text_column: str = "text"  # the input text
     label_column: str | None = "label"  # class label or answer (None for plain LM text)
+    text_pair_column: str | None = None  # second sentence for pair tasks (GLUE MRPC/RTE/MNLI)
     labels: list[str] = field(default_factory=list)  # class names in id order; [] = infer
     max_length: int = 64  # tokens per sequence (truncate)
     samples_per_owner: int = 512  # training examples per owner
