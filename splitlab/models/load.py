@@ -14,6 +14,7 @@ against the config, because partition plans and wire buffers are sized from the 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -26,6 +27,11 @@ from splitlab.errors import AssetError, ConfigError
 from splitlab.models.families import FamilyAdapter, get_family
 
 _TORCH_DTYPES = {DType.fp32: torch.float32, DType.bf16: torch.bfloat16}
+
+
+def _offline() -> bool:
+    """HF_HUB_OFFLINE as set now (huggingface_hub reads it once, at import)."""
+    return os.environ.get("HF_HUB_OFFLINE", "0").strip().upper() in {"1", "ON", "YES", "TRUE"}
 
 
 def load_model(
@@ -102,7 +108,7 @@ def _pretrained_model(
     adapter: FamilyAdapter, cfg: ModelConfig, where: str, attn_implementation: str | None
 ) -> PreTrainedModel:
     try:
-        config = AutoConfig.from_pretrained(where)
+        config = AutoConfig.from_pretrained(where, local_files_only=_offline())
     except OSError as exc:
         raise AssetError(
             f"model.id={cfg.id!r}: cannot load a model config from {where!r} "
@@ -117,7 +123,7 @@ def _pretrained_model(
         config.num_labels = cfg.num_labels
     if cfg.dropout is not None:
         adapter.set_dropout(config, cfg.dropout)
-    kwargs: dict[str, object] = {"config": config}
+    kwargs: dict[str, object] = {"config": config, "local_files_only": _offline()}
     dtype = DType(cfg.dtype)
     kwargs["dtype"] = "auto" if dtype is DType.auto else _TORCH_DTYPES[dtype]
     if attn_implementation is not None:
@@ -152,7 +158,7 @@ def _load_tokenizer(
     else:
         return None  # a random-init model without a tokenizer: callers feed token ids
     try:
-        tokenizer = AutoTokenizer.from_pretrained(where)
+        tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=_offline())
     except OSError as exc:
         raise AssetError(
             f"model.tokenizer={cfg.tokenizer!r}: cannot load from {where!r}: {exc}"

@@ -14,6 +14,7 @@ from splitlab.models.families.registry import (
     family_for_model,
     get_family,
     register_family,
+    unregister_family,
 )
 
 register_family("bert", BertAdapter())
@@ -32,4 +33,5 @@ __all__ = [
     "family_for_model",
     "get_family",
     "register_family",
+    "unregister_family",
 ]

@@ -28,6 +28,11 @@ def register_family(name: str, adapter: FamilyAdapter, *, replace: bool = False)
     _FAMILIES[name] = adapter
 
 
+def unregister_family(name: str) -> None:
+    """Remove `name` from the registry (tests and plugins that registered it temporarily)."""
+    _FAMILIES.pop(name, None)
+
+
 def get_family(name: str) -> FamilyAdapter:
     """The adapter registered as `name` (accepts the `Family` enum too).
 
