@@ -28,6 +28,7 @@ if str(REPO) not in sys.path:  # when run as a script
 
 from splitlab.control.bus import ControlBus, make_bus  # noqa: E402
 from splitlab.control.embedded import EmbeddedAddress, EmbeddedBusServer  # noqa: E402
+from splitlab.errors import PeerLostError  # noqa: E402
 
 BROKER_URL = os.environ.get("SPLITLAB_TEST_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 BUS_KINDS = [
@@ -78,6 +79,10 @@ class BusFactory:
 
     def teardown(self) -> None:
         for bus in self.buses:
+            try:
+                bus.cleanup()  # own queue and every queue it published to
+            except PeerLostError:
+                pass  # closed or lost: the sweep below covers its own queue
             bus.close()
         if self.server is not None:
             self.server.close()  # an embedded host forgets every queue it held

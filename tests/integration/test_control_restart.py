@@ -1,6 +1,6 @@
 """A node process killed mid-membership restarts, re-registers with its id and is accepted.
 
-SPLITLAB_REQUIRE_BROKER=1 .venv/bin/pytest tests/integration/test_control_membership.py -q
+SPLITLAB_REQUIRE_BROKER=1 .venv/bin/pytest tests/integration/test_control_restart.py -q
 """
 
 from __future__ import annotations
