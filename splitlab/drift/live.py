@@ -21,8 +21,6 @@ import threading
 import time
 from collections.abc import Callable
 
-import psutil
-
 from splitlab.drift import sensors
 from splitlab.drift.contract import DriftSource, Observation
 from splitlab.drift.sensors import Reading
@@ -55,14 +53,14 @@ class LiveSource(DriftSource):
         period_s: float = 0.5,
         gpu_index: int | None = None,
         use_gpu_tools: bool = True,
-        read_host: Callable[[], Reading] = sensors.read_psutil,
+        read_host: Callable[[], Reading] | None = None,
     ) -> None:
         if not (math.isfinite(period_s) and period_s > 0):
             raise ConfigError(f"drift live period_s must be > 0, got {period_s}")
         self.stage = stage
         self.period_s = period_s
         self._gpu_index = gpu_index
-        self._read_host = read_host
+        self._read_host = sensors.HostSensors() if read_host is None else read_host
         self._nvidia_smi = shutil.which("nvidia-smi") if use_gpu_tools else None
         tegrastats = shutil.which("tegrastats") if use_gpu_tools else None
         self._link_factor = math.nan
@@ -72,7 +70,6 @@ class LiveSource(DriftSource):
         self._threads: list[threading.Thread] = []
         self.num_samples = 0
 
-        psutil.cpu_percent(interval=None)  # primes the counter; the first call always says 0
         self._sample()  # synchronous once, so observe never sees an empty cache
         self._threads.append(
             threading.Thread(target=self._poll, name=f"drift-live-{stage}", daemon=True)

@@ -14,6 +14,7 @@ import re
 import subprocess
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import psutil
 
@@ -172,16 +173,42 @@ def cpu_temp_c(temps: dict[str, list[object]]) -> float | None:
     return max(values) if values else None
 
 
-def read_psutil() -> Reading:
-    """CPU temperature (where the platform exposes one), CPU load since the last call, memory."""
-    temp = None
-    if hasattr(psutil, "sensors_temperatures"):
-        try:
-            temp = cpu_temp_c(psutil.sensors_temperatures())
-        except (OSError, RuntimeError):
-            temp = None
-    return Reading(
-        temp_c=temp,
-        util_pct=float(psutil.cpu_percent(interval=None)),
-        mem_pct=float(psutil.virtual_memory().percent),
-    )
+def busy_and_total_s(times: Any) -> tuple[float, float]:
+    """CPU seconds spent busy and in all, from a `psutil.cpu_times()` tuple."""
+    fields = times._asdict()
+    # Linux counts guest time inside user/nice already (psutil's cpu_percent drops it too).
+    total = sum(fields.values()) - fields.get("guest", 0.0) - fields.get("guest_nice", 0.0)
+    idle = fields.get("idle", 0.0) + fields.get("iowait", 0.0)
+    return total - idle, total
+
+
+class HostSensors:
+    """psutil readings with a CPU load counter of its own.
+
+    `psutil.cpu_percent(interval=None)` keeps one module-wide reference point, so any other
+    caller in the process would shorten our interval; each instance here keeps its own. The
+    first call reports the average since boot rather than a meaningless zero.
+    """
+
+    def __init__(self) -> None:
+        self._last = (0.0, 0.0)
+
+    def cpu_load_pct(self) -> float:
+        busy, total = busy_and_total_s(psutil.cpu_times())
+        d_busy, d_total = busy - self._last[0], total - self._last[1]
+        self._last = (busy, total)
+        return min(100.0, max(0.0, 100.0 * d_busy / d_total)) if d_total > 0 else 0.0
+
+    def __call__(self) -> Reading:
+        """CPU temperature (where the platform exposes one), CPU load since the last call, memory."""
+        temp = None
+        if hasattr(psutil, "sensors_temperatures"):
+            try:
+                temp = cpu_temp_c(psutil.sensors_temperatures())
+            except (OSError, RuntimeError):
+                temp = None
+        return Reading(
+            temp_c=temp,
+            util_pct=self.cpu_load_pct(),
+            mem_pct=float(psutil.virtual_memory().percent),
+        )

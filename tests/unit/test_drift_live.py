@@ -17,7 +17,9 @@ import pytest
 from splitlab.drift.contract import OBS_KEYS
 from splitlab.drift.live import LiveSource, observation_from
 from splitlab.drift.sensors import (
+    HostSensors,
     Reading,
+    busy_and_total_s,
     cpu_temp_c,
     merge,
     parse_nvidia_smi,
@@ -175,3 +177,19 @@ def test_live_read_is_cheap_with_real_sensors() -> None:
 def test_live_refuses_a_non_positive_period() -> None:
     with pytest.raises(ConfigError, match="period_s"):
         LiveSource(stage=0, period_s=0.0)
+
+
+def test_host_cpu_load_is_a_percentage_of_its_own_interval() -> None:
+    host = HostSensors()
+    first = host().util_pct  # since boot
+    end = time.perf_counter() + 0.05
+    while time.perf_counter() < end:  # keep one core busy
+        pass
+    second = host().util_pct
+    assert first is not None and second is not None
+    assert 0.0 <= first <= 100.0 and 0.0 < second <= 100.0
+
+
+def test_busy_time_excludes_idle_and_iowait() -> None:
+    Times = namedtuple("Times", "user nice system idle iowait guest guest_nice")
+    assert busy_and_total_s(Times(3.0, 1.0, 1.0, 4.0, 1.0, 0.5, 0.0)) == (5.0, 10.0)
