@@ -1,0 +1,334 @@
+"""The ring stage runtime: HELLO roster and parity, then prefill and greedy/sampled decode.
+
+Stage 0 (head) embeds and runs its blocks, every stage forwards hidden states to the next, and
+the tail computes logits, picks the token and returns its id to the head. The data ring is
+blocking: each stage holds one link from its predecessor (`up`) and one to its successor
+(`down`); links are `splitlab.infer.link.Link` over TCP or `splitlab.wire.base.Channel` in one
+process. Frames (kind, meta):
+
+    hello  {roster: [...]}                       head -> ... -> tail -> head (each appends itself)
+    start  {gen: {...}} | abort {reason}         head -> ... -> head (tail samples with gen)
+    hidden {step, pos} + hidden_BTH              stage i -> i+1
+    token  {step} + token_id_1                   tail -> head
+    stop   {reason}                              head -> ... -> head, then everyone exits 0
+
+Every frame carries the absolute position of its first token; each stage checks it against
+its own count, so a position can never silently restart. One trace record per token per stage:
+`compute_ms` (this stage's forward only), `recv_wait_ms` (blocked receiving), `send_ms`,
+`bytes` sent, and on the head `tpot_ms` (one full trip around the ring).
+
+    .venv/bin/pytest tests/unit/test_infer_ring.py -q
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from splitlab.errors import AbortedError, ConfigError, ProtocolError
+from splitlab.infer.compute import StageCompute
+from splitlab.infer.parity import parity_mismatches
+from splitlab.infer.sampling import check_sampling, new_generator, sample_token
+from splitlab.telemetry.trace import Tracer
+from splitlab.wire.base import Message
+from splitlab.wire.frame import Routing
+
+log = logging.getLogger(__name__)
+
+HIDDEN, TOKEN = "hidden_BTH", "token_id_1"
+
+
+class Pipe(Protocol):
+    """What a stage needs from a link: `Link` and `wire.base.Channel` both fit."""
+
+    def send(self, kind: str, tensors: Mapping[str, torch.Tensor], *,
+             meta: dict[str, Any] | None = None, routing: Routing | None = None) -> Any: ...  # fmt: skip
+
+    def recv(self, *, timeout_s: float | None = None) -> Message: ...
+
+
+@dataclass(frozen=True)
+class GenParams:
+    """What the head decides and sends to every stage in START."""
+
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_k: int = 0
+    seed: int = 0
+    eos_ids: tuple[int, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["eos_ids"] = list(self.eos_ids)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> GenParams:
+        gen = cls(
+            max_new_tokens=int(d["max_new_tokens"]), temperature=float(d.get("temperature", 0.0)),
+            top_k=int(d.get("top_k", 0)), seed=int(d.get("seed", 0)),
+            eos_ids=tuple(int(i) for i in d.get("eos_ids", ())),
+        )  # fmt: skip
+        if gen.max_new_tokens < 1:
+            raise ConfigError(f"task.max_new_tokens={gen.max_new_tokens}: must be >= 1")
+        check_sampling(temperature=gen.temperature, top_k=gen.top_k)
+        return gen
+
+
+@dataclass
+class RingResult:
+    """What the head reports after a generation."""
+
+    token_ids: list[int]
+    prompt_len: int
+    stop_reason: str  # "max_new_tokens" or "eos"
+    ttft_ms: float
+    tpot_ms: list[float] = field(default_factory=list)  # decode steps only
+
+    @property
+    def tpot_ms_median(self) -> float:
+        return float(statistics.median(self.tpot_ms)) if self.tpot_ms else float("nan")
+
+
+@dataclass(frozen=True)
+class StageIdentity:
+    """Who a stage is, as reported in the HELLO roster."""
+
+    stage: int
+    num_stages: int
+    start: int
+    stop: int
+    num_layers: int
+    model: dict[str, Any]  # model_type, hidden_size, vocab_size (model-free: "echo")
+    versions: dict[str, Any]
+    address: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def check_roster(
+    roster: Sequence[Mapping[str, Any]], *, num_stages: int, strict_parity: bool
+) -> list[str]:
+    """Problems with a complete HELLO roster; parity problems only when strict (else logged)."""
+    problems: list[str] = []
+    stages = [int(r["stage"]) for r in roster]
+    if stages != list(range(num_stages)):
+        return [f"roster stages {stages}: expected 0..{num_stages - 1} in ring order"]
+    head = roster[0]
+    expected_start = 0
+    for r in roster:
+        if r["start"] != expected_start:
+            problems.append(
+                f"stage {r['stage']} owns blocks [{r['start']}, {r['stop']}) but the previous stage "
+                f"ends at {expected_start}: spans must be contiguous"
+            )
+        expected_start = r["stop"]
+        for name in ("num_stages", "num_layers", "model"):
+            if r[name] != head[name]:
+                problems.append(
+                    f"stage {r['stage']} {name}={r[name]!r} but the head has {head[name]!r}"
+                )
+    if expected_start != head["num_layers"]:
+        problems.append(
+            f"the last stage ends at block {expected_start}, not num_layers={head['num_layers']}"
+        )
+    parity = parity_mismatches(roster)
+    if strict_parity:
+        problems += parity
+    for line in [] if strict_parity else parity:
+        log.warning("parity relaxed: %s", line)
+    return problems
+
+
+class RingStage:
+    """One stage of the ring (see module docstring)."""
+
+    def __init__(self, *, identity: StageIdentity, compute: StageCompute, up: Pipe | None,
+                 down: Pipe | None, tracer: Tracer | None = None, strict_parity: bool = True,
+                 timeout_s: float | None = None, session: str | None = None) -> None:  # fmt: skip
+        self.identity, self.compute, self.up, self.down = identity, compute, up, down
+        self.tracer = tracer or Tracer.null()
+        self.strict_parity, self.timeout_s, self.session = strict_parity, timeout_s, session
+        self.index, self.num_stages = identity.stage, identity.num_stages
+        self.is_head, self.is_tail = self.index == 0, self.index == self.num_stages - 1
+        self.pos = 0  # tokens this stage has processed (the next call's first position)
+        self.roster: list[dict[str, Any]] = []
+
+    # --- plumbing ----------------------------------------------------------------------------
+
+    def _recv(self, expect: Sequence[str]) -> tuple[Message, float]:
+        assert self.up is not None
+        t0 = time.perf_counter()
+        msg = self.up.recv(timeout_s=self.timeout_s)
+        wait_ms = (time.perf_counter() - t0) * 1e3
+        if msg.kind == "abort":
+            msg.release()
+            raise AbortedError(
+                f"stage {self.index}: the head aborted the run: {msg.meta.get('reason')}"
+            )
+        if msg.kind not in expect:
+            msg.release()
+            raise ProtocolError(
+                f"stage {self.index}: expected {list(expect)} from upstream, got {msg.kind!r}"
+            )
+        return msg, wait_ms
+
+    def _send(
+        self, kind: str, tensors: Mapping[str, torch.Tensor], **meta: Any
+    ) -> tuple[float, int]:
+        assert self.down is not None
+        t0 = time.perf_counter()
+        self.down.send(
+            kind, tensors, meta=meta, routing=Routing(session=self.session, stage=self.index)
+        )
+        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+        return (time.perf_counter() - t0) * 1e3, nbytes
+
+    # --- setup ---------------------------------------------------------------------------------
+
+    def handshake(self, gen: GenParams | None = None) -> GenParams:
+        """HELLO around the ring, then START (or ABORT); returns the run's generation params.
+
+        Raises:
+            ConfigError: (head) the roster is inconsistent or an enforced parity field differs.
+            AbortedError: (others) the head refused the roster.
+        """
+        me = self.identity.to_dict()
+        if self.num_stages == 1:
+            assert gen is not None
+            self.roster = [me]
+            return gen
+        if self.is_head:
+            assert gen is not None
+            self._send("hello", {}, roster=[me])
+            msg, _ = self._recv(["hello"])
+            self.roster = list(msg.meta["roster"])
+            msg.release()
+            problems = check_roster(
+                self.roster, num_stages=self.num_stages, strict_parity=self.strict_parity
+            )
+            if problems:
+                reason = "; ".join(problems)
+                self._send("abort", {}, reason=reason)
+                raise ConfigError(f"ring refused at HELLO: {reason}")
+            self._send("start", {}, gen=gen.to_dict(), roster=self.roster)
+            msg, _ = self._recv(["start"])
+            msg.release()
+            return gen
+        msg, _ = self._recv(["hello"])
+        roster = [*msg.meta["roster"], me]
+        msg.release()
+        self._send("hello", {}, roster=roster)
+        msg, _ = self._recv(["start"])
+        meta = dict(msg.meta)
+        msg.release()
+        self._send("start", {}, **meta)
+        self.roster = list(meta.get("roster", roster))
+        return GenParams.from_dict(meta["gen"])
+
+    # --- the head ------------------------------------------------------------------------------
+
+    def generate(self, prompt_ids: torch.Tensor, gen: GenParams) -> RingResult:
+        """Prefill `prompt_ids` (1 x T) and decode until max_new_tokens or EOS (head only)."""
+        assert self.is_head
+        generator = new_generator(gen.seed)
+        x = prompt_ids.reshape(1, -1).to(torch.long)
+        prompt_len = x.shape[1]
+        tokens: list[int] = []
+        tpot: list[float] = []
+        ttft_ms, reason = 0.0, "max_new_tokens"
+        for step in range(gen.max_new_tokens):
+            t0 = time.perf_counter()
+            pos = self.pos
+            out = self.compute.forward(x, pos)
+            compute_ms = (time.perf_counter() - t0) * 1e3
+            self.pos += x.shape[1]
+            send_ms, nbytes, wait_ms = 0.0, 0, 0.0
+            if self.num_stages == 1:
+                token = sample_token(
+                    out[0], temperature=gen.temperature, top_k=gen.top_k, generator=generator
+                )
+            else:
+                send_ms, nbytes = self._send("hidden", {HIDDEN: out}, step=step, pos=pos)
+                msg, wait_ms = self._recv(["token"])
+                if msg.meta.get("step") != step:
+                    raise ProtocolError(
+                        f"head: token for step {msg.meta.get('step')} arrived at step {step}"
+                    )
+                token = int(msg.tensors[TOKEN][0])
+                msg.release()
+            trip_ms = (time.perf_counter() - t0) * 1e3
+            if step == 0:
+                ttft_ms = trip_ms
+            else:
+                tpot.append(trip_ms)
+            self.tracer.emit(
+                "token", token=step, pos=pos, num_tokens=x.shape[1], compute_ms=compute_ms,
+                recv_wait_ms=wait_ms, send_ms=send_ms, bytes=nbytes, tpot_ms=trip_ms,
+                prefill=step == 0, token_id=token,
+            )  # fmt: skip
+            tokens.append(token)
+            if token in gen.eos_ids:
+                reason = "eos"
+                break
+            x = torch.tensor([[token]], dtype=torch.long)
+        self._finish(reason)
+        return RingResult(tokens, prompt_len, reason, ttft_ms, tpot)
+
+    def _finish(self, reason: str) -> None:
+        if self.num_stages > 1:
+            self._send("stop", {}, reason=reason)
+            msg, _ = self._recv(["stop"])
+            msg.release()
+
+    # --- every other stage ---------------------------------------------------------------------
+
+    def serve(self, gen: GenParams) -> int:
+        """Forward hidden states (middle) or return token ids (tail) until STOP; returns tokens served."""
+        assert not self.is_head
+        generator = new_generator(gen.seed)
+        served = 0
+        while True:
+            msg, wait_ms = self._recv(["hidden", "stop"])
+            if msg.kind == "stop":
+                meta = dict(msg.meta)
+                msg.release()
+                self._send("stop", {}, **meta)
+                return served
+            step, pos = int(msg.meta["step"]), int(msg.meta["pos"])
+            if pos != self.pos:
+                msg.release()
+                raise ProtocolError(
+                    f"stage {self.index}: hidden states for position {pos} but this stage has "
+                    f"processed {self.pos} tokens"
+                )
+            t0 = time.perf_counter()
+            hidden = msg.tensors[HIDDEN]
+            out = self.compute.forward(hidden, pos)
+            compute_ms = (time.perf_counter() - t0) * 1e3
+            num_tokens = hidden.shape[1]
+            self.pos += num_tokens
+            if self.is_tail:
+                token = sample_token(
+                    out[0], temperature=gen.temperature, top_k=gen.top_k, generator=generator
+                )
+                send_ms, nbytes = self._send(
+                    "token", {TOKEN: torch.tensor([token], dtype=torch.long)}, step=step
+                )
+            else:
+                token = None
+                send_ms, nbytes = self._send("hidden", {HIDDEN: out}, step=step, pos=pos)
+            msg.release()  # after the send: a pass-through output may still view the buffer
+            self.tracer.emit(
+                "token", token=step, pos=pos, num_tokens=num_tokens, compute_ms=compute_ms,
+                recv_wait_ms=wait_ms, send_ms=send_ms, bytes=nbytes, prefill=step == 0,
+                **({"token_id": token} if token is not None else {}),
+            )  # fmt: skip
+            served += 1
