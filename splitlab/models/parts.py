@@ -200,3 +200,35 @@ def group(parts: Iterable[Part]) -> PartGroup:
         for path in part.paths:
             modules[path] = part.get_submodule(path)
     return PartGroup(modules)
+
+
+def tied_keys(model: nn.Module) -> dict[str, str]:
+    """Parameter names that alias an earlier parameter: `{"lm_head.weight": "model.embed_tokens.weight"}`.
+
+    `save_pretrained` writes a tied tensor once, under the first name, so a shard loader filling
+    a part that owns the head but not the embeddings reads the alias's source key instead.
+    """
+    first_name: dict[int, str] = {}
+    aliases: dict[str, str] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        source = first_name.setdefault(id(param), name)
+        if source != name:
+            aliases[name] = source
+    return aliases
+
+
+def shared_across(parts: Sequence[Part]) -> list[tuple[tuple[int, str], tuple[int, str]]]:
+    """Tensors that two different parts hold, as ((part index, name), (part index, name)).
+
+    In U-shape a tied embedding/head is shared by front and tail, both on the owner: one
+    tensor, one gradient, nothing to do. In two-stage (front | rest + head) it is shared by
+    parts on different processes, whose two gradients the caller must combine (or untie).
+    """
+    owner: dict[int, tuple[int, str]] = {}
+    shared = []
+    for index, part in enumerate(parts):
+        for name, param in part.named_parameters():
+            first = owner.setdefault(id(param), (index, name))
+            if first[0] != index:
+                shared.append((first, (index, name)))
+    return shared

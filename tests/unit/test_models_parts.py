@@ -15,8 +15,8 @@ from safetensors import safe_open
 
 from splitlab.errors import ConfigError
 from splitlab.models.families import INPUT_IDS, PAD_MASK
-from splitlab.models.parts import build_part, build_parts
-from splitlab.models.plan import Span, u_shape_plan
+from splitlab.models.parts import build_part, build_parts, shared_across, tied_keys
+from splitlab.models.plan import Span, two_stage_plan, u_shape_plan
 from splitlab.models.tokens import positions_from_pad_mask
 
 FAMILIES = ["bert", "gpt2", "llama", "qwen2"]
@@ -123,3 +123,40 @@ def test_only_parts_with_blocks_carry_rotary_tables() -> None:
 
     assert "rotary" not in front.aux and "rotary" not in tail.aux
     assert "rotary" in body.aux
+
+
+def test_tied_keys_name_the_head_alias_that_checkpoints_omit(tmp_path: Path) -> None:
+    gpt2, llama = tiny_model("gpt2"), tiny_model("llama")
+    gpt2.save_pretrained(tmp_path)
+    with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as f:
+        saved = set(f.keys())
+
+    assert tied_keys(gpt2) == {"lm_head.weight": "transformer.wte.weight"}
+    assert "lm_head.weight" not in saved
+    assert tied_keys(llama) == {}
+
+
+@torch.no_grad()
+def test_a_tied_tail_loads_its_head_through_the_alias(tmp_path: Path) -> None:
+    model = tiny_model("gpt2")
+    model.save_pretrained(tmp_path)
+    with torch.device("meta"):
+        skeleton = type(model)(model.config)
+    aliases = tied_keys(skeleton)
+    part = build_part(skeleton, Span(3, 4, has_head=True))
+
+    with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as f:
+        tensors = {k: f.get_tensor(aliases.get(k, k)) for k in part.state_dict()}
+    part.load_state_dict(tensors, strict=True, assign=True)
+
+    torch.testing.assert_close(part.module("lm_head").weight, model.lm_head.weight)
+
+
+def test_two_stage_reports_the_tied_head_split_from_its_embeddings() -> None:
+    model = tiny_model("gpt2")
+
+    u_parts = build_parts(model, u_shape_plan(num_layers=4, cut_layers=1, tail_blocks=1))
+    two_parts = build_parts(model, two_stage_plan(num_layers=4, cut_layers=2))
+
+    assert shared_across(u_parts) == [((0, "transformer.wte.weight"), (2, "lm_head.weight"))]
+    assert shared_across(two_parts) == [((0, "transformer.wte.weight"), (1, "lm_head.weight"))]
