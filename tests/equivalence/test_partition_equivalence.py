@@ -147,3 +147,17 @@ def test_owner_group_keeps_original_keys_and_one_tied_tensor(family: str) -> Non
     assert sum(p.numel() for p in owner_params) + sum(p.numel() for p in body.parameters()) == sum(
         p.numel() for p in model.parameters()
     )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["bert", "gpt2", "llama"])
+def test_u_shape_matches_unsplit_on_cuda(family: str) -> None:
+    model = tiny_model(family).to("cuda")
+    split_model = twin(model)
+    batch = {k: v.to("cuda") for k, v in padded_batch(family).items()}
+    plan = u_shape_plan(num_layers=4, cut_layers=1, tail_blocks=1)
+
+    ref = run_unsplit(model, adapter_of(family), batch)
+    split = run_split(build_parts(split_model, plan), batch)
+
+    assert_same_run(ref, split, model, split_model)
