@@ -1,0 +1,223 @@
+"""U-shape engine vs the unsplit model trained with AdamW on the same windows (fp32).
+
+.venv/bin/pytest tests/equivalence/test_train_engine.py -q
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import torch
+from model_helpers import adapter_of, padded_batch, tiny_model, twin
+from torch import nn
+
+from splitlab.errors import NonFiniteError
+from splitlab.models.families import INPUT_IDS, PAD_MASK
+from splitlab.models.parts import build_parts
+from splitlab.models.plan import u_shape_plan
+from splitlab.models.tokens import positions_from_pad_mask
+from splitlab.train.engine import OwnerNode, UShapeEngine, WorkerNode, partition_parameters
+
+FAMILIES = ["bert", "gpt2", "llama"]
+WINDOW = 3
+NUM_MICROBATCHES = 7  # windows of 3, 3 and a partial 1
+LENGTHS = [(8, 5, 3), (6, 6), (4, 7, 2), (8,), (3, 3, 5), (7, 2), (5, 8, 1)]
+
+
+def adamw(params: Sequence[nn.Parameter]) -> torch.optim.Optimizer:
+    # eps=1e-6: a key-projection bias gets a gradient that is zero in exact arithmetic (softmax
+    # ignores a per-row shift), i.e. pure rounding noise; with eps=1e-8 Adam would blow that
+    # noise up to lr-sized steps that differ between any two summation orders.
+    return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.01, eps=1e-6)
+
+
+def batches(
+    family: str, n: int = NUM_MICROBATCHES, seed: int = 10
+) -> list[dict[str, torch.Tensor]]:
+    return [
+        padded_batch(family, lengths=LENGTHS[i % len(LENGTHS)], seed=seed + i) for i in range(n)
+    ]
+
+
+def train_unsplit(
+    model: nn.Module,
+    family: str,
+    data: Sequence[dict[str, torch.Tensor]],
+    *,
+    window: int = WINDOW,
+    clip: float = 0.0,
+    clip_groups: Sequence[Sequence[nn.Parameter]] = (),
+) -> None:
+    """The reference: transformers' forward per microbatch, mean over the window, one AdamW step."""
+    adapter = adapter_of(family)
+    optimizer = adamw(list(model.parameters()))
+    for start in range(0, len(data), window):
+        chunk = data[start : start + window]
+        for batch in chunk:
+            logits = model(
+                input_ids=batch[INPUT_IDS],
+                attention_mask=batch[PAD_MASK],
+                position_ids=positions_from_pad_mask(batch[PAD_MASK]),
+            ).logits
+            (adapter.loss(logits, adapter.labels(batch)) / len(chunk)).backward()
+        for params in clip_groups:
+            torch.nn.utils.clip_grad_norm_(params, clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def split_nodes(
+    model: nn.Module, name: str = "o0", worker: str = "w0", cut: int = 1, tail: int = 1
+) -> tuple[OwnerNode, WorkerNode]:
+    front, body, tail_part = build_parts(
+        model, u_shape_plan(num_layers=4, cut_layers=cut, tail_blocks=tail)
+    )
+    owner = OwnerNode(name, front, tail_part, adamw(partition_parameters(front, tail_part)))
+    return owner, WorkerNode(worker, body, adamw(partition_parameters(body)))
+
+
+def assert_same_parameters(ref: nn.Module, split: nn.Module) -> None:
+    split_params = dict(split.named_parameters())
+    for name, param in ref.named_parameters():
+        torch.testing.assert_close(split_params[name], param, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def one_by_one(model: nn.Module, **engine_args: Any) -> UShapeEngine:
+    owner, worker = split_nodes(model)
+    defaults: dict[str, Any] = {"max_inflight": 2, "credit": 2}
+    return UShapeEngine(owners=[owner], workers=[worker], **{**defaults, **engine_args})
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_one_owner_one_worker_matches_unsplit(family: str) -> None:
+    ref = tiny_model(family)
+    split = twin(ref)
+    data = batches(family)
+
+    train_unsplit(ref, family, data)
+    reports = one_by_one(split).run_round({"o0": data}, quota=WINDOW)
+
+    assert [r.group_total for r in reports] == [3, 3, 1]
+    assert_same_parameters(ref, split)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_dropout_on_matches_unsplit_with_the_same_rng_order(family: str) -> None:
+    ref = tiny_model(family, dropout=0.2).train()
+    split = twin(ref).train()
+    data = batches(family)
+
+    torch.manual_seed(1234)
+    train_unsplit(ref, family, data)
+    torch.manual_seed(1234)
+    one_by_one(split).run_round({"o0": data}, quota=WINDOW)
+
+    assert_same_parameters(ref, split)
+
+
+def test_dropout_changes_the_result_so_the_test_above_means_something() -> None:
+    ref = tiny_model("gpt2", dropout=0.2).train()
+    split = twin(ref).train()
+    data = batches("gpt2")
+
+    torch.manual_seed(1)
+    train_unsplit(ref, "gpt2", data)
+    torch.manual_seed(2)
+    one_by_one(split).run_round({"o0": data}, quota=WINDOW)
+
+    with pytest.raises(AssertionError):
+        assert_same_parameters(ref, split)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_gradients_back_out_of_order_give_the_same_parameters(family: str) -> None:
+    ref = tiny_model(family)
+    split = twin(ref)
+    data = batches(family)
+
+    train_unsplit(ref, family, data)
+    reports = one_by_one(split, max_inflight=3, credit=3, backward_order="lifo").run_round(
+        {"o0": data}, quota=WINDOW
+    )
+
+    assert reports[0].peak_live == 3
+    assert_same_parameters(ref, split)
+
+
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_clipping_is_per_partition(family: str) -> None:
+    ref = tiny_model(family)
+    split = twin(ref)
+    data = batches(family)
+    ref_front, ref_body, ref_tail = build_parts(
+        ref, u_shape_plan(num_layers=4, cut_layers=1, tail_blocks=1)
+    )
+    groups = [partition_parameters(ref_front, ref_tail), partition_parameters(ref_body)]
+
+    train_unsplit(ref, family, data, clip=0.05, clip_groups=groups)
+    one_by_one(split, clip_grad_norm=0.05).run_round({"o0": data}, quota=WINDOW)
+
+    assert_same_parameters(ref, split)
+
+
+def test_each_part_runs_forward_once_per_microbatch() -> None:
+    model = tiny_model("gpt2", dropout=0.1).train()
+    engine = one_by_one(model)
+    calls = {"front": 0, "body": 0, "tail": 0}
+    owner, worker = engine.owners[0], engine.workers["w0"]
+    for name, part in (("front", owner.front), ("body", worker.body), ("tail", owner.tail)):
+        part.register_forward_hook(lambda *_, n=name: calls.__setitem__(n, calls[n] + 1))
+
+    engine.run_round({"o0": batches("gpt2")}, quota=WINDOW)
+
+    assert calls == dict.fromkeys(calls, NUM_MICROBATCHES)
+
+
+def test_graphs_are_released_and_parameters_frozen_until_the_window_drains() -> None:
+    model = tiny_model("llama")
+    outputs: list[weakref.ref[torch.Tensor]] = []
+    snapshot: dict[str, torch.Tensor] = {}
+    problems: list[str] = []
+
+    def emit(kind: str, **fields: Any) -> None:
+        if kind == "plan":
+            snapshot.update({k: v.detach().clone() for k, v in model.named_parameters()})
+        if kind == "drained":
+            if any(ref() is not None for ref in outputs):
+                problems.append(f"window {fields['window']}: a body output outlived its backward")
+            for name, param in model.named_parameters():
+                if not torch.equal(param, snapshot[name]):
+                    problems.append(f"window {fields['window']}: {name} changed before drain")
+
+    engine = one_by_one(model, emit=emit)
+    engine.workers["w0"].body.register_forward_hook(
+        lambda _m, _i, out: outputs.append(weakref.ref(out))
+    )
+
+    engine.run_round({"o0": batches("llama")}, quota=WINDOW)
+
+    assert problems == []
+    assert len(outputs) == NUM_MICROBATCHES
+
+
+def test_non_finite_body_output_names_the_worker() -> None:
+    model = tiny_model("gpt2")
+    engine = one_by_one(model)
+    with torch.no_grad():
+        next(engine.workers["w0"].body.parameters()).fill_(float("nan"))
+
+    with pytest.raises(NonFiniteError, match="body output sent by 'w0'.*owner 'o0'"):
+        engine.run_round({"o0": batches("gpt2")}, quota=WINDOW)
+
+
+def test_non_finite_loss_names_the_owner() -> None:
+    model = tiny_model("bert")
+    engine = one_by_one(model)
+    with torch.no_grad():
+        engine.owners[0].tail.module("classifier").weight.fill_(float("inf"))
+
+    with pytest.raises(NonFiniteError, match="owner 'o0'"):
+        engine.run_round({"o0": batches("bert")}, quota=WINDOW)
