@@ -1,0 +1,57 @@
+"""Tiny random-init checkpoints on disk, and an in-process ring over one (tests and quick tools).
+
+.venv/bin/pytest tests/unit/test_infer_positions.py -q
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from splitlab.cli import compose_config
+from splitlab.infer.compute import PartCompute
+from splitlab.infer.local import run_local_ring
+from splitlab.infer.parity import stage_versions
+from splitlab.infer.reference import generate_reference
+from splitlab.infer.ring import GenParams, RingResult, StageIdentity
+from splitlab.models.load import load_model
+from splitlab.models.plan import ring_plan
+from splitlab.models.shard import load_part, open_checkpoint
+
+
+def save_tiny(
+    model_option: str, folder: Path, *, seed: int = 0, overrides: tuple[str, ...] = ()
+) -> Path:
+    cfg = compose_config([f"model={model_option}", *overrides]).model
+    torch.manual_seed(seed)
+    model, _ = load_model(cfg, load_tokenizer=False)
+    model.save_pretrained(folder)
+    return folder
+
+
+def reference_tokens(folder: Path, prompt_ids: torch.Tensor, gen: GenParams) -> list[int]:
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    return generate_reference(model, prompt_ids, gen).token_ids
+
+
+def local_ring(folder: Path, cuts: list[int], prompt_ids: torch.Tensor, gen: GenParams,
+               ) -> tuple[RingResult, list[PartCompute]]:  # fmt: skip
+    index = open_checkpoint(folder)
+    num_layers = index.family.num_layers(index.config)
+    spans = ring_plan(num_layers, cuts)
+    computes = [PartCompute(load_part(index, span)[0]) for span in spans]
+    identities = [
+        StageIdentity(
+            stage=i,
+            num_stages=len(spans),
+            start=s.start,
+            stop=s.stop,
+            num_layers=num_layers,
+            model={"model_type": index.config.model_type},
+            versions=stage_versions(dtype="float32", device="cpu"),
+        )  # fmt: skip
+        for i, s in enumerate(spans)
+    ]
+    return run_local_ring(computes, identities, prompt_ids, gen, timeout_s=30.0), computes
