@@ -18,6 +18,7 @@ from splitlab.config.schema import (
     UShapeConfig,
 )
 from splitlab.errors import ConfigError
+from splitlab.models.plan import even_cuts
 
 
 def _require(ok: bool, message: str) -> None:
@@ -78,14 +79,7 @@ def validate_two_stage(arch: TwoStageConfig, model: ModelConfig) -> None:
 
 def ring_cuts(arch: RingConfig, num_layers: int) -> list[int]:
     """The explicit cuts, or `stages` near-equal spans when `cuts` is empty."""
-    if arch.cuts:
-        return list(arch.cuts)
-    base, extra = divmod(num_layers, arch.stages)
-    cuts, start = [], 0
-    for i in range(arch.stages - 1):
-        start += base + (1 if i < extra else 0)
-        cuts.append(start)
-    return cuts
+    return list(arch.cuts) if arch.cuts else even_cuts(num_layers=num_layers, stages=arch.stages)
 
 
 def validate_ring(arch: RingConfig, model: ModelConfig) -> None:
