@@ -1,10 +1,12 @@
 """TCP tensor transport: persistent authenticated connections, one socket per (peer, lane).
 
 Sending: each connection has a priority queue (lowest value first, FIFO within a value) and a
-sender thread. A small frame on an idle connection is written straight from the caller's
-thread with a non-blocking `sendmsg` (the sender thread takes over whatever does not fit), which
-keeps the small-frame round trip near a raw socket's; everything else goes through the queue,
-which is bounded (`send_queue_frames`): `send` waits up to `timeout_s`, then WaitTimeoutError.
+sender thread. A frame (up to `inline_max_bytes`) on an idle connection is written straight from
+the caller's thread, waiting for socket space up to `timeout_s` like a raw `sendall` (the sender
+thread takes over whatever is left), so an uncontended lane pays no thread hand-off. Frames that
+find the lane busy, and frames staged from CUDA, go through the queue, which is bounded
+(`send_queue_frames`): `send` waits up to `timeout_s` for room, then raises WaitTimeoutError.
+Set `inline_max_bytes=0` to always return at once and let the sender thread write.
 Frames leave as one `sendmsg` of memoryviews of the header and the tensor storage (no copies).
 
 Receiving is pulled by the caller: `recv` reads the next frame of a lane straight from a ready
@@ -131,7 +133,7 @@ class _Conn:
                     _Job(views, nbytes, SendTicket(), wait, staging), priority, timeout_s
                 )
         try:
-            rest = send_views(self.sock, views, nonblocking=True)
+            rest = self._write_inline(views, timeout_s)
         except OSError as exc:
             with self._cond:
                 self._busy = False
@@ -148,6 +150,22 @@ class _Conn:
             self._start_thread()
             self._cond.notify_all()
             return job.ticket
+
+    def _write_inline(self, views: list[memoryview], timeout_s: float) -> list[memoryview]:
+        """Write from the caller's thread, waiting for buffer space up to timeout_s (no thread
+        hand-off, like a raw `sendall`); returns the unsent rest for the sender thread."""
+        rest = send_views(self.sock, views, nonblocking=True)
+        if rest:
+            deadline = time.monotonic() + timeout_s
+            poller = select.poll()
+            poller.register(self.fd, select.POLLOUT)
+            while rest:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                poller.poll(left * 1e3)
+                rest = send_views(self.sock, rest, nonblocking=True)
+        return rest
 
     def _enqueue(self, job: _Job, priority: int, timeout_s: float) -> SendTicket:
         deadline = time.monotonic() + timeout_s
@@ -270,7 +288,7 @@ class TcpTransport(Transport):
         pool_bytes: int = 256 << 20,
         max_frame_bytes: int | None = None,
         send_queue_frames: int = 64,
-        inline_max_bytes: int = 256 << 10,
+        inline_max_bytes: int = 64 << 20,
         check_finite: bool = False,
         stall_timeout_s: float = 60.0,
         handshake_timeout_s: float = 10.0,

@@ -84,8 +84,8 @@ def test_full_activation_lane_still_lets_a_gradient_through() -> None:
 def test_backward_overtakes_queued_forward(pair: tuple[TcpTransport, TcpTransport]) -> None:
     a, b = pair
     blocker = torch.zeros(4 << 20)  # 16 MiB: the sender thread stays inside it while b waits
-    a.send("b", Lane.ACTIVATION, "blocker", {"x": blocker})
-    time.sleep(0.05)
+    # b is not reading: the caller writes what fits for 0.1 s, then the sender thread takes over
+    a.send("b", Lane.ACTIVATION, "blocker", {"x": blocker}, timeout_s=0.1)
     a.send("b", Lane.ACTIVATION, "fwd", {"x": torch.ones(1)}, priority=Priority.FORWARD)
     a.send("b", Lane.ACTIVATION, "bwd", {"x": torch.ones(1)}, priority=Priority.BACKWARD)
     kinds = []

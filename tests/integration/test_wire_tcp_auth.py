@@ -1,6 +1,6 @@
 """Data-connection handshake: wrong key, replay and wrong session are refused and logged.
 
-.venv/bin/pytest tests/integration/test_wire_auth.py -q
+.venv/bin/pytest tests/integration/test_wire_tcp_auth.py -q
 """
 
 from __future__ import annotations
