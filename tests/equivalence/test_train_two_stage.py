@@ -9,11 +9,10 @@ step after every microbatch; the first-stage gradients accumulate over a window 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import pytest
 import torch
 from model_helpers import adapter_of, padded_batch, tiny_model, twin
+from test_train_engine import adamw, assert_same_parameters
 from torch import nn
 
 from splitlab.errors import ConfigError
@@ -26,10 +25,6 @@ from splitlab.train.two_stage import TwoStageEngine, in_order, reversed_order
 
 PLAN = two_stage_plan(num_layers=4, cut_layers=2)
 NUM_MICROBATCHES = 5  # control_count 2 and 3 both end with a partial window
-
-
-def adamw(params: Sequence[nn.Parameter]) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.01, eps=1e-6)  # eps: see engine test
 
 
 def untied(family: str) -> nn.Module:
@@ -78,12 +73,6 @@ def engine_for(model: nn.Module, control_count: int, **kwargs: object) -> TwoSta
         control_count=control_count,
         **kwargs,  # type: ignore[arg-type]
     )
-
-
-def assert_same_parameters(ref: nn.Module, split: nn.Module) -> None:
-    split_params = dict(split.named_parameters())
-    for name, param in ref.named_parameters():
-        torch.testing.assert_close(split_params[name], param, msg=lambda m, n=name: f"{n}: {m}")
 
 
 @pytest.mark.parametrize("control_count", [1, 2, 3])
