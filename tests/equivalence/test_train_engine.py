@@ -14,12 +14,15 @@ import torch
 from model_helpers import adapter_of, padded_batch, tiny_model, twin
 from torch import nn
 
+from splitlab.config.enums import Objective
 from splitlab.errors import NonFiniteError
 from splitlab.models.families import INPUT_IDS, PAD_MASK
 from splitlab.models.parts import build_parts
 from splitlab.models.plan import u_shape_plan
 from splitlab.models.tokens import positions_from_pad_mask
 from splitlab.train.engine import OwnerNode, UShapeEngine, WorkerNode, partition_parameters
+from splitlab.train.objective import num_targets
+from splitlab.train.wrr import AdaptiveWeights
 
 FAMILIES = ["bert", "gpt2", "llama"]
 WINDOW = 3
@@ -221,3 +224,46 @@ def test_non_finite_loss_names_the_owner() -> None:
 
     with pytest.raises(NonFiniteError, match="owner 'o0'"):
         engine.run_round({"o0": batches("bert")}, quota=WINDOW)
+
+
+def test_token_weighted_objective_matches_one_loss_over_all_window_tokens() -> None:
+    ref = tiny_model("gpt2")
+    split = twin(ref)
+    data = batches("gpt2")
+    adapter = adapter_of("gpt2")
+    optimizer = adamw(list(ref.parameters()))
+    for start in range(0, len(data), WINDOW):
+        chunk = data[start : start + WINDOW]
+        counts = [num_targets(adapter, b) for b in chunk]
+        for batch, count in zip(chunk, counts, strict=True):
+            logits = ref(input_ids=batch[INPUT_IDS], attention_mask=batch[PAD_MASK]).logits
+            (adapter.loss(logits, adapter.labels(batch)) * count / sum(counts)).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    one_by_one(split, objective=Objective.token_weighted).run_round({"o0": data}, quota=WINDOW)
+
+    assert_same_parameters(ref, split)
+
+
+def test_adaptive_weights_switch_from_initial_to_measured_throughput() -> None:
+    now = [0.0]
+    model = tiny_model("llama")
+    owner, fast = split_nodes(model)
+    _, slow = split_nodes(twin(model), worker="w1")
+    for worker, seconds in ((fast, 1.0), (slow, 4.0)):  # fake body time per forward
+        worker.body.register_forward_hook(lambda *_, s=seconds: now.__setitem__(0, now[0] + s))
+    weights = AdaptiveWeights({"w0": 1.0, "w1": 1.0})
+    reports = UShapeEngine(
+        owners=[owner],
+        workers=[fast, slow],
+        max_inflight=2,
+        credit=2,
+        weights={"o0": weights},
+        clock=lambda: now[0],
+    ).run_round({"o0": batches("llama", n=12)}, quota=4)
+
+    assert reports[0].assignment["o0"] == ["w0", "w1", "w0", "w1"]  # initial 1:1
+    measured = weights.weights()
+    assert measured["w0"] > 2.0 * measured["w1"]  # ~4x the tokens per second
+    assert reports[2].assignment["o0"].count("w0") >= 3
