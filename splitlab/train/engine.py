@@ -190,6 +190,10 @@ class UShapeEngine:
         self.emit: Emit = emit or (lambda kind, **fields: None)
         self.clock = clock
 
+    def reset_wrr(self, owner: str) -> None:
+        """Forget an owner's WRR scores (a new round starts from the configured weights)."""
+        self._wrr[owner].reset()
+
     # --- one window --------------------------------------------------------------------------
 
     def run_window(
