@@ -136,7 +136,8 @@ class Link:
 
 
 def dial(host: str, port: int, *, key: bytes, session: str, me: str, peer: str,
-         connect_timeout_s: float, timeout_s: float | None) -> Link:  # fmt: skip
+         connect_timeout_s: float, timeout_s: float | None,
+         source_host: str | None = None) -> Link:  # fmt: skip
     """Connect to `peer` at host:port, retrying with backoff until connect_timeout_s.
 
     Raises:
@@ -146,7 +147,10 @@ def dial(host: str, port: int, *, key: bytes, session: str, me: str, peer: str,
     delay_s, last = 0.05, None
     while True:
         try:
-            sock = socket.create_connection((host, port), timeout=min(5.0, connect_timeout_s))
+            sock = socket.create_connection(
+                (host, port), timeout=min(5.0, connect_timeout_s),
+                source_address=(source_host, 0) if source_host else None,
+            )  # fmt: skip
             break
         except OSError as exc:
             last = exc
@@ -231,8 +235,11 @@ def connect_ring(listener: Listener, *, next_host: str, next_port: int, key: byt
 
     thread = threading.Thread(target=_accept, name=f"accept-{me}", daemon=True)
     thread.start()
+    # Dial from our own bind address, so the peer sees (and logs) the address we bound.
+    bind = listener.endpoint.bind_host
     down = dial(next_host, next_port, key=key, session=session, me=me, peer=nxt,
-                connect_timeout_s=connect_timeout_s, timeout_s=timeout_s)  # fmt: skip
+                connect_timeout_s=connect_timeout_s, timeout_s=timeout_s,
+                source_host=None if bind in ("", "0.0.0.0") else bind)  # fmt: skip
     thread.join()
     if "error" in box:
         down.close()

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 import torch
 
-from splitlab.errors import AbortedError, ConfigError, ProtocolError
+from splitlab.errors import AbortedError, ConfigError, ExitCode, PeerLostError, ProtocolError
 from splitlab.infer.compute import StageCompute
 from splitlab.infer.parity import parity_mismatches
 from splitlab.infer.sampling import check_sampling, new_generator, sample_token
@@ -160,6 +160,7 @@ class RingStage:
         self.is_head, self.is_tail = self.index == 0, self.index == self.num_stages - 1
         self.pos = 0  # tokens this stage has processed (the next call's first position)
         self.roster: list[dict[str, Any]] = []
+        self.aborted_by_peer = False  # an abort already went (or came) around the ring
 
     # --- plumbing ----------------------------------------------------------------------------
 
@@ -169,10 +170,16 @@ class RingStage:
         msg = self.up.recv(timeout_s=self.timeout_s)
         wait_ms = (time.perf_counter() - t0) * 1e3
         if msg.kind == "abort":
+            meta = dict(msg.meta)
             msg.release()
-            raise AbortedError(
-                f"stage {self.index}: the head aborted the run: {msg.meta.get('reason')}"
-            )
+            origin = int(meta.get("origin", 0))
+            self.aborted_by_peer = True
+            if (self.index + 1) % self.num_stages != origin:
+                self._forward_abort(meta)
+            reason = f"stage {self.index}: stage {origin} aborted the run: {meta.get('reason')}"
+            if meta.get("code") == int(ExitCode.PEER_LOST):
+                raise PeerLostError(reason)
+            raise AbortedError(reason)
         if msg.kind not in expect:
             msg.release()
             raise ProtocolError(
@@ -190,6 +197,24 @@ class RingStage:
         )
         nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
         return (time.perf_counter() - t0) * 1e3, nbytes
+
+    def _forward_abort(self, meta: Mapping[str, Any]) -> None:
+        try:
+            self._send("abort", {}, **meta)
+        except Exception:  # best effort: the next stage may be gone too
+            pass
+
+    def abort_downstream(self, exc: BaseException) -> None:
+        """Tell the rest of the ring why this stage is stopping (best effort, once).
+
+        A stage that lost a neighbour is the only one that knows which; forwarding the reason
+        lets every survivor exit with a diagnosis naming the dead stage, not just its neighbour.
+        """
+        if self.down is None or self.aborted_by_peer:
+            return
+        self.aborted_by_peer = True
+        code = int(getattr(exc, "exit_code", ExitCode.ERROR))
+        self._forward_abort({"origin": self.index, "code": code, "reason": str(exc)})
 
     # --- setup ---------------------------------------------------------------------------------
 
@@ -216,7 +241,8 @@ class RingStage:
             )
             if problems:
                 reason = "; ".join(problems)
-                self._send("abort", {}, reason=reason)
+                self.aborted_by_peer = True  # nothing more to tell the ring after this abort
+                self._send("abort", {}, origin=0, code=int(ExitCode.ABORTED), reason=reason)
                 raise ConfigError(f"ring refused at HELLO: {reason}")
             self._send("start", {}, gen=gen.to_dict(), roster=self.roster)
             msg, _ = self._recv(["start"])

@@ -221,7 +221,7 @@ def run_stage(args: argparse.Namespace) -> int:
                 versions=identity.versions, run_id=args.run_id, **meta)  # fmt: skip
     log.info("stage %d/%d: blocks [%d, %d) loaded in %.0f ms; bound %s:%d",
              args.stage, n, identity.start, identity.stop, load_ms, args.bind, listener.port)  # fmt: skip
-    up = down = None
+    up = down = stage = None
     try:
         if n > 1:
             nxt = (args.stage + 1) % n
@@ -230,6 +230,10 @@ def run_stage(args: argparse.Namespace) -> int:
                 session=args.run_id, me=f"stage-{args.stage}", prev=f"stage-{(args.stage - 1) % n}",
                 nxt=f"stage-{nxt}", connect_timeout_s=args.connect_timeout_s, timeout_s=args.timeout_s,
             )  # fmt: skip
+            tracer.emit("links", up=up.peer_addr, down=down.peer_addr)
+            log.info(
+                "linked: from %s (%s), to %s (%s)", up.peer, up.peer_addr, down.peer, down.peer_addr
+            )
         stage = RingStage(identity=identity, compute=compute, up=up, down=down, tracer=tracer,
                           strict_parity=not args.no_strict_parity, timeout_s=args.timeout_s,
                           session=args.run_id)  # fmt: skip
@@ -250,6 +254,10 @@ def run_stage(args: argparse.Namespace) -> int:
         else:
             served = stage.serve(stage.handshake())
             log.info("stage %d served %d tokens", args.stage, served)
+    except SplitlabError as exc:
+        if stage is not None:
+            stage.abort_downstream(exc)
+        raise
     finally:
         for link in (up, down):
             if link is not None:

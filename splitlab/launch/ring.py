@@ -198,3 +198,27 @@ def run_infer(cfg: Config) -> int:
     log.info("%d tokens, TPOT median %.2f ms; traces in %s", len(result["token_ids"]),
              result["tpot_ms_median"], run_dir / "traces")  # fmt: skip
     return 0
+
+
+def spawn_stages(layout: RingLayout, *, run_dir: str | Path, key_hex: str | None = None,
+                 head_args: Sequence[str] = (),
+                 stage_args: dict[int, Sequence[str]] | None = None) -> list:  # fmt: skip
+    """Start every stage as a bare subprocess (no supervisor: each must fail on its own).
+
+    Checks and fault-injection tools use this to see how each stage exits by itself; `run_ring`
+    is the launcher path. Output goes to RUN/logs/stage-<i>.log; returns the Popen objects.
+    """
+    import os
+    import subprocess
+
+    logs = Path(run_dir) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, KEY_ENV: key_hex or new_key_hex(), "PYTHONUNBUFFERED": "1"}
+    procs = []
+    for i in range(layout.num_stages):
+        argv = stage_argv(layout, i, run_dir=str(run_dir), head_args=head_args)
+        argv += list((stage_args or {}).get(i, ()))
+        with open(logs / f"stage-{i}.log", "w", encoding="utf-8") as out:
+            procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                          stdin=subprocess.DEVNULL))  # fmt: skip
+    return procs
