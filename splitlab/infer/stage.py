@@ -99,6 +99,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ignore-eos", action="store_true", help="always generate max-new-tokens")
     p.add_argument("--no-strict-parity", action="store_true", help="log parity mismatches only")
     p.add_argument("--result", default=None, help="head: write the result JSON here")
     p.add_argument("--parity-override", action="append", default=[], help="testing: FIELD=VALUE")
@@ -188,7 +189,8 @@ def head_inputs(args: argparse.Namespace, config: Any) -> tuple[torch.Tensor, Ge
         where = assets.resolve(args.tokenizer)
     tokenizer = AutoTokenizer.from_pretrained(where)
     prompt_ids = encode_prompt(tokenizer, args.prompt, chat=not args.no_chat)
-    gen = GenParams.from_dict({**gen_kwargs, "eos_ids": list(eos_ids(config, tokenizer))})
+    stop_ids = [] if args.ignore_eos else list(eos_ids(config, tokenizer))
+    gen = GenParams.from_dict({**gen_kwargs, "eos_ids": stop_ids})
     return prompt_ids, gen, tokenizer
 
 
