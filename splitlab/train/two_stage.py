@@ -26,9 +26,9 @@ from splitlab.errors import ConfigError, NonFiniteError
 from splitlab.models.families import INPUT_IDS, PAD_MASK
 from splitlab.models.parts import Part
 from splitlab.models.tokens import positions_from_pad_mask
-from splitlab.train.engine import (
+from splitlab.train.engine import Emit
+from splitlab.train.nodes import (
     Batch,
-    Emit,
     check_finite_tensor,
     clip_and_step,
     partition_parameters,

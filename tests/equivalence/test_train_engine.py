@@ -20,7 +20,8 @@ from splitlab.models.families import INPUT_IDS, PAD_MASK
 from splitlab.models.parts import build_parts
 from splitlab.models.plan import u_shape_plan
 from splitlab.models.tokens import positions_from_pad_mask
-from splitlab.train.engine import OwnerNode, UShapeEngine, WorkerNode, partition_parameters
+from splitlab.train.engine import UShapeEngine
+from splitlab.train.nodes import OwnerNode, WorkerNode, partition_parameters
 from splitlab.train.objective import num_targets
 from splitlab.train.wrr import AdaptiveWeights
 
@@ -212,7 +213,7 @@ def test_non_finite_body_output_names_the_worker() -> None:
     with torch.no_grad():
         next(engine.workers["w0"].body.parameters()).fill_(float("nan"))
 
-    with pytest.raises(NonFiniteError, match="body output sent by 'w0'.*owner 'o0'"):
+    with pytest.raises(NonFiniteError, match="body output of worker 'w0'.*'o0'"):
         engine.run_round({"o0": batches("gpt2")}, quota=WINDOW)
 
 
@@ -253,6 +254,7 @@ def test_adaptive_weights_switch_from_initial_to_measured_throughput() -> None:
     _, slow = split_nodes(twin(model), worker="w1")
     for worker, seconds in ((fast, 1.0), (slow, 4.0)):  # fake body time per forward
         worker.body.register_forward_hook(lambda *_, s=seconds: now.__setitem__(0, now[0] + s))
+        worker.clock = lambda: now[0]
     weights = AdaptiveWeights({"w0": 1.0, "w1": 1.0})
     reports = UShapeEngine(
         owners=[owner],
@@ -260,7 +262,6 @@ def test_adaptive_weights_switch_from_initial_to_measured_throughput() -> None:
         max_inflight=2,
         credit=2,
         weights={"o0": weights},
-        clock=lambda: now[0],
     ).run_round({"o0": batches("llama", n=12)}, quota=4)
 
     assert reports[0].assignment["o0"] == ["w0", "w1", "w0", "w1"]  # initial 1:1

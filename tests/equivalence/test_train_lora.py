@@ -18,7 +18,7 @@ from splitlab.models.families import INPUT_IDS, PAD_MASK
 from splitlab.models.parts import build_parts
 from splitlab.models.plan import u_shape_plan
 from splitlab.models.tokens import positions_from_pad_mask
-from splitlab.train.engine import OwnerNode, UShapeEngine, WorkerNode, partition_parameters
+from splitlab.train.engine import UShapeEngine
 from splitlab.train.fedavg import Contribution, weighted_by_num_samples
 from splitlab.train.lora import (
     apply_lora,
@@ -27,6 +27,7 @@ from splitlab.train.lora import (
     merged_state,
     trainable_state,
 )
+from splitlab.train.nodes import OwnerNode, WorkerNode, partition_parameters
 
 FAMILIES = ["bert", "gpt2", "llama"]
 PLAN = u_shape_plan(num_layers=4, cut_layers=1, tail_blocks=1)

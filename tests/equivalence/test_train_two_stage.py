@@ -20,7 +20,7 @@ from splitlab.models.families import INPUT_IDS, PAD_MASK
 from splitlab.models.parts import build_parts
 from splitlab.models.plan import two_stage_plan
 from splitlab.models.tokens import positions_from_pad_mask
-from splitlab.train.engine import partition_parameters
+from splitlab.train.nodes import partition_parameters
 from splitlab.train.two_stage import TwoStageEngine, in_order, reversed_order
 
 PLAN = two_stage_plan(num_layers=4, cut_layers=2)

@@ -14,8 +14,9 @@ from torch import nn
 from splitlab.models.parts import build_parts
 from splitlab.models.plan import u_shape_plan
 from splitlab.train.checkpoint import completed_rounds
-from splitlab.train.engine import OwnerNode, UShapeEngine, WorkerNode, partition_parameters
+from splitlab.train.engine import UShapeEngine
 from splitlab.train.local import LocalRounds
+from splitlab.train.nodes import OwnerNode, WorkerNode, partition_parameters
 
 PLAN = u_shape_plan(num_layers=4, cut_layers=1, tail_blocks=1)
 

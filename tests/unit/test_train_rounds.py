@@ -16,7 +16,8 @@ from torch import nn
 from splitlab.models.parts import build_parts
 from splitlab.models.plan import u_shape_plan
 from splitlab.train.checkpoint import latest_checkpoint
-from splitlab.train.engine import OwnerNode, UShapeEngine, WorkerNode, partition_parameters
+from splitlab.train.engine import UShapeEngine
+from splitlab.train.nodes import OwnerNode, WorkerNode, partition_parameters
 from splitlab.train.rounds import NodeUpdate, finish_round
 from splitlab.train.window import effective_credit
 from splitlab.train.wrr import AdaptiveWeights, SmoothWRR
