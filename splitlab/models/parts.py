@@ -7,9 +7,15 @@ Nothing is copied: in U-shape the owner's front and tail reference the same embe
 that a tied head uses, so its gradient accumulates from both ends exactly as in one model.
 
 Between parts only `hidden_BTH`, the padding mask and positions travel; each part rebuilds its
-attention mask (and rotary cos/sin) itself.
+attention mask (and rotary cos/sin) itself. At a low-rank cut (`Span.code_out` on the sender,
+`Span.code_in` on the receiver, see `splitlab.models.lowrank`) the sender's last block stops at
+its FFN's R-dim code and the part returns the named tensors that cross instead:
+`{"code_BTR": ...}` (residual drop) or `{"code_BTR": ..., "residual_BTH": ...}` (keep); the
+receiver takes that mapping as `x`, finishes the block and runs on. Each side of a cut block
+holds only its own submodules (`FamilyAdapter.cut_sender_paths` / `cut_receiver_paths`).
 
-Legend: B batch, T tokens in this call, K = past + T tokens, H hidden size, V vocabulary.
+Legend: B batch, T tokens in this call, K = past + T tokens, H hidden size, V vocabulary,
+R rank of a low-rank cut.
 
     .venv/bin/pytest tests/equivalence/test_partition_equivalence.py
 """
@@ -25,7 +31,13 @@ from transformers.cache_utils import Cache
 
 from splitlab.errors import ConfigError
 from splitlab.models.families import FamilyAdapter, family_for_model
-from splitlab.models.plan import PartitionPlan, Span
+from splitlab.models.plan import CutSpec, PartitionPlan, Span
+
+HIDDEN = "hidden_BTH"  # what crosses an ordinary cut
+CODE = "code_BTR"  # the low-rank code at a low-rank cut
+RESIDUAL = "residual_BTH"  # the residual stream at a low-rank cut with residual=keep
+LOWRANK_IN = "lowrank_in"  # submodule of the decomposed projection on the sending side
+LOWRANK_OUT = "lowrank_out"  # ... and on the receiving side
 
 
 def _attach(root: nn.Module, path: str, module: nn.Module) -> None:
@@ -93,33 +105,84 @@ class Part(PartGroup):
         """An empty KV cache for this part's blocks (indexed by global block index)."""
         return self.adapter.new_cache(self.config)
 
+    @property
+    def sends(self) -> tuple[str, ...]:
+        """Names of the tensors `forward` returns to the next part (empty: it returns logits)."""
+        cut = self.span.code_out
+        if cut is not None:
+            return (CODE, RESIDUAL) if cut.keeps_residual else (CODE,)
+        return () if self.span.has_head else (HIDDEN,)
+
+    @property
+    def receives(self) -> tuple[str, ...]:
+        """Names of the tensors `forward` takes from the previous part (empty: token ids)."""
+        cut = self.span.code_in
+        if cut is not None:
+            return (CODE, RESIDUAL) if cut.keeps_residual else (CODE,)
+        return () if self.span.has_embeddings else (HIDDEN,)
+
     def forward(
         self,
-        x: torch.Tensor,
+        x: torch.Tensor | Mapping[str, torch.Tensor],
         pad_mask_BK: torch.Tensor,
         positions_BT: torch.Tensor,
         cache: Cache | None = None,
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | dict[str, torch.Tensor]:
         """Run this span.
 
         Args:
-            x: token ids B x T (if the span has the embeddings) or hidden_BTH.
+            x: token ids B x T (if the span has the embeddings), hidden_BTH, or (after a
+                low-rank cut) the mapping of `receives` names to tensors.
             pad_mask_BK: 1 = real token, over past + this call (K = T without a cache).
             positions_BT: absolute positions of this call's tokens (see
                 `splitlab.models.tokens.positions_from_pad_mask`); never restarted per part.
             cache: this part's KV cache (decode); None for training.
 
         Returns:
-            logits if the span has the head, else hidden_BTH.
+            logits if the span has the head; the `sends` mapping if it ends at a low-rank cut;
+            else hidden_BTH.
         """
-        hidden_BTH = self.adapter.embed(self, x, positions_BT) if self.span.has_embeddings else x
-        if self.span.num_blocks:
-            context = self.adapter.block_context(self, hidden_BTH, pad_mask_BK, positions_BT, cache)
-            for layer_idx, block in zip(self.span.layer_ids, self.blocks, strict=True):
-                hidden_BTH = self.adapter.run_block(block, layer_idx, hidden_BTH, context, cache)
-        if self.span.has_head:
-            return self.adapter.head(self, hidden_BTH)
+        span, adapter = self.span, self.adapter
+        if span.code_in is not None:
+            assert isinstance(x, Mapping), "a part after a low-rank cut takes the crossing tensors"
+            hidden_BTH = self._finish_cut(span.code_in, x)
+        elif span.has_embeddings:
+            hidden_BTH = adapter.embed(self, x, positions_BT)
+        else:
+            hidden_BTH = x
+        if span.num_blocks:
+            context = adapter.block_context(self, hidden_BTH, pad_mask_BK, positions_BT, cache)
+            for layer_idx, block in zip(span.layer_ids, self.blocks, strict=True):
+                if span.code_out is not None and layer_idx == span.code_out.block:
+                    return self._start_cut(span.code_out, block, hidden_BTH, context, cache)
+                hidden_BTH = adapter.run_block(block, layer_idx, hidden_BTH, context, cache)
+        if span.has_head:
+            return adapter.head(self, hidden_BTH)
         return hidden_BTH
+
+    def _start_cut(
+        self,
+        cut: CutSpec,
+        block: nn.Module,
+        hidden_BTH: torch.Tensor,
+        context: Mapping[str, object],
+        cache: Cache | None,
+    ) -> dict[str, torch.Tensor]:
+        ffn_in_BTH, residual_BTH = self.adapter.ffn_input(
+            block, cut.block, hidden_BTH, context, cache
+        )
+        lowrank_in = block.get_submodule(f"{self.adapter.ffn_in_paths[0]}.{LOWRANK_IN}")
+        out = {CODE: lowrank_in(ffn_in_BTH)}
+        if cut.keeps_residual:
+            out[RESIDUAL] = residual_BTH
+        return out
+
+    def _finish_cut(self, cut: CutSpec, crossing: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        block = self.get_submodule(self.adapter.block_path(cut.block))
+        lowrank_out = block.get_submodule(f"{self.adapter.ffn_in_paths[0]}.{LOWRANK_OUT}")
+        ffn_BTH = self.adapter.ffn_output(block, lowrank_out(crossing[CODE]))
+        residual_BTH = crossing[RESIDUAL] if cut.keeps_residual else None
+        return self.adapter.add_residual(block, ffn_BTH, residual_BTH)
 
     def extra_repr(self) -> str:
         span = self.span
@@ -134,10 +197,43 @@ def part_modules(adapter: FamilyAdapter, model: nn.Module, span: Span) -> dict[s
     paths: list[str] = []
     if span.has_embeddings:
         paths.extend(adapter.embedding_paths)
-    paths.extend(adapter.block_path(i) for i in span.layer_ids)
+    if span.code_in is not None:
+        paths.extend(cut_paths(adapter, model, span.code_in, sender=False))
+    for i in span.layer_ids:
+        if span.code_out is not None and i == span.code_out.block:
+            paths.extend(cut_paths(adapter, model, span.code_out, sender=True))
+        else:
+            paths.append(adapter.block_path(i))
     if span.has_head:
         paths.extend(adapter.head_paths)
     return {path: model.get_submodule(path) for path in paths}
+
+
+def cut_paths(adapter: FamilyAdapter, model: nn.Module, cut: CutSpec, *, sender: bool) -> list[str]:
+    """Upstream paths of the cut block's submodules on one side of its low-rank code.
+
+    Raises:
+        ConfigError: the block is not decomposed at rank `cut.rank` (see
+            `splitlab.models.lowrank.decompose_plan`).
+    """
+    block_path = adapter.block_path(cut.block)
+    projection = f"{block_path}.{adapter.ffn_in_paths[0]}"
+    try:
+        lowrank_in = model.get_submodule(f"{projection}.{LOWRANK_IN}")
+    except AttributeError:
+        lowrank_in = None
+    if lowrank_in is None or lowrank_in.out_features != cut.rank:
+        raise ConfigError(
+            f"low-rank cut at block {cut.block} (finetune.sft.rank={cut.rank}): {projection} is "
+            "not decomposed at that rank; call splitlab.models.lowrank.decompose_plan first"
+        )
+    if sender:
+        return [f"{block_path}.{p}" for p in adapter.cut_sender_paths] + [
+            f"{projection}.{LOWRANK_IN}"
+        ]
+    return [f"{projection}.{LOWRANK_OUT}"] + [
+        f"{block_path}.{p}" for p in adapter.cut_receiver_paths
+    ]
 
 
 def build_part(model: nn.Module, span: Span, *, adapter: FamilyAdapter | None = None) -> Part:

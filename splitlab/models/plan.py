@@ -10,9 +10,37 @@ ring stage, so the shard loader and migration code speak one vocabulary.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from splitlab.config.enums import ResidualMode, SftCut
 from splitlab.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class CutSpec:
+    """A low-rank cut inside block `block`: the FFN's first projection is split at rank R.
+
+    The sending part runs the block up to the R-dim code (`lowrank_in`); the receiving part
+    runs the rest of it (`lowrank_out`, activation, output projection, residual add). See
+    `splitlab.models.lowrank` for what crosses.
+
+    Attributes:
+        block: global index of the decomposed block.
+        rank: R, the width of the code that crosses the wire.
+        residual: keep (the residual stream crosses too) or drop (the FFN's residual add is
+            removed, as in the SFT paper).
+    """
+
+    block: int
+    rank: int
+    residual: ResidualMode = ResidualMode.drop
+
+    def __post_init__(self) -> None:
+        assert self.block >= 0 and self.rank >= 1, (self.block, self.rank)
+
+    @property
+    def keeps_residual(self) -> bool:
+        return ResidualMode(self.residual) is ResidualMode.keep
 
 
 @dataclass(frozen=True)
@@ -26,15 +54,25 @@ class Span:
         has_embeddings: the part takes token ids and runs the embeddings first.
         has_head: the part ends with the final norm and head (BERT: pooler + classifier)
             and returns logits instead of hidden states.
+        code_in: the part starts by finishing block `start - 1` from its low-rank code
+            (receiving side of a cut); None = it starts from hidden_BTH or token ids.
+        code_out: the part's last block `stop - 1` stops at its low-rank code (sending side
+            of a cut); None = every block runs whole.
     """
 
     start: int
     stop: int
     has_embeddings: bool = False
     has_head: bool = False
+    code_in: CutSpec | None = None
+    code_out: CutSpec | None = None
 
     def __post_init__(self) -> None:
         assert 0 <= self.start <= self.stop, (self.start, self.stop)
+        if self.code_in is not None:
+            assert not self.has_embeddings and self.code_in.block == self.start - 1, self
+        if self.code_out is not None:
+            assert not self.has_head and self.code_out.block == self.stop - 1, self
 
     @property
     def num_blocks(self) -> int:
@@ -69,6 +107,49 @@ class PartitionPlan:
     def owner_spans(self) -> tuple[Span, ...]:
         """The parts the data owner keeps (front, and in U-shape the tail)."""
         return (self.front,) if self.tail is None else (self.front, self.tail)
+
+
+def with_lowrank_cuts(
+    plan: PartitionPlan,
+    *,
+    rank: int,
+    residual: ResidualMode | str = ResidualMode.drop,
+    cuts: SftCut | str = SftCut.front,
+) -> PartitionPlan:
+    """`plan` with low-rank cuts: front -> body at block `cut_layers - 1`, body -> tail at the
+    body's last block (U-shape only), or both.
+
+    Raises:
+        ConfigError: naming `finetune.sft.cuts` / `architecture.cut_layers` when the plan has no
+            block on the sending side of a requested cut, or `finetune.sft.rank` below 1.
+    """
+    if rank < 1:
+        raise ConfigError(f"finetune.sft.rank={rank}: must be >= 1")
+    which = SftCut(cuts)
+    residual = ResidualMode(residual)
+    front, body, tail = plan.front, plan.body, plan.tail
+    if which in (SftCut.front, SftCut.both):
+        if front.num_blocks < 1:
+            raise ConfigError(
+                f"finetune.sft.cuts={which.value} needs architecture.cut_layers >= 1: the front "
+                "must own the block whose FFN is decomposed"
+            )
+        cut = CutSpec(front.stop - 1, rank, residual)
+        front, body = replace(front, code_out=cut), replace(body, code_in=cut)
+    if which in (SftCut.tail, SftCut.both):
+        if tail is None:
+            raise ConfigError(
+                f"finetune.sft.cuts={which.value}: a two-stage plan has no body -> tail cut "
+                "(use cuts=front)"
+            )
+        cut = CutSpec(body.stop - 1, rank, residual)
+        body, tail = replace(body, code_out=cut), replace(tail, code_in=cut)
+    return PartitionPlan(num_layers=plan.num_layers, front=front, body=body, tail=tail)
+
+
+def lowrank_cuts(plan: PartitionPlan) -> tuple[CutSpec, ...]:
+    """The plan's low-rank cuts in forward order (each once)."""
+    return tuple(span.code_out for span in plan.spans if span.code_out is not None)
 
 
 def _check_num_layers(num_layers: int) -> None:

@@ -55,6 +55,11 @@ class FamilyAdapter(ABC):
     lora_fan_in_fan_out: ClassVar[bool] = False  # True where the targets are GPT-2 Conv1D
     ffn_in_paths: ClassVar[tuple[str, ...]]  # FFN input projections inside a block (SFT cut)
     ffn_out_path: ClassVar[str]  # FFN output projection inside a block
+    ffn_conv1d: ClassVar[bool] = False  # True where the FFN projections are GPT-2 Conv1D
+    # Low-rank cut (splitlab.models.lowrank): block submodules on each side of the R-dim code,
+    # besides `<ffn_in_paths[0]>.lowrank_in` (sender) and `.lowrank_out` (receiver).
+    cut_sender_paths: ClassVar[tuple[str, ...]] = ()
+    cut_receiver_paths: ClassVar[tuple[str, ...]] = ()
     dropout_keys: ClassVar[tuple[str, ...]]  # config attributes that are dropout probabilities
 
     # --- building and loading ----------------------------------------------------------------
@@ -123,6 +128,35 @@ class FamilyAdapter(ABC):
         cache: Cache | None,
     ) -> torch.Tensor:
         """One block forward; `cache` (if any) is indexed by the global `layer_idx`."""
+
+    # --- a block cut inside its FFN (low-rank cut), called by `Part.forward` --------------------
+
+    def ffn_input(
+        self,
+        block: nn.Module,
+        layer_idx: int,
+        hidden_BTH: torch.Tensor,
+        context: Mapping[str, Any],
+        cache: Cache | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block up to its FFN's first projection: (ffn_input_BTH, residual_BTH).
+
+        `residual_BTH` is what the FFN's residual add adds back. `block` may be a container
+        holding only `cut_sender_paths` (a part on the sending side of a cut).
+        """
+        raise NotImplementedError(f"model family {self.name!r} does not support low-rank cuts")
+
+    def ffn_output(self, block: nn.Module, proj_BTF: torch.Tensor) -> torch.Tensor:
+        """The FFN after its first projection (activation, gating, output projection, dropout);
+        `proj_BTF` is the projection's output (gated families: gate and up concatenated)."""
+        raise NotImplementedError(f"model family {self.name!r} does not support low-rank cuts")
+
+    def add_residual(
+        self, block: nn.Module, ffn_BTH: torch.Tensor, residual_BTH: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The block's end: the FFN's residual add; None = dropped. This default is the pre-norm
+        block's `residual + ffn` (GPT-2, Llama); post-norm families add their norm."""
+        return ffn_BTH if residual_BTH is None else residual_BTH + ffn_BTH
 
     @abstractmethod
     def head(self, part: Part, hidden_BTH: torch.Tensor) -> torch.Tensor:

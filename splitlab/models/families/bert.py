@@ -44,6 +44,8 @@ class BertAdapter(FamilyAdapter):
     lora_targets = ("query", "value")
     ffn_in_paths = ("intermediate.dense",)
     ffn_out_path = "output.dense"
+    cut_sender_paths = ("attention",)
+    cut_receiver_paths = ("intermediate.intermediate_act_fn", "output")
     dropout_keys = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout")
 
     def make_config(self, cfg: ModelConfig) -> PreTrainedConfig:
@@ -95,6 +97,29 @@ class BertAdapter(FamilyAdapter):
         cache: Cache | None,
     ) -> torch.Tensor:
         return block(hidden_BTH, attention_mask=context["mask"])
+
+    def ffn_input(
+        self,
+        block: nn.Module,
+        layer_idx: int,
+        hidden_BTH: torch.Tensor,
+        context: Mapping[str, Any],
+        cache: Cache | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # Post-norm: the attention sublayer ends with its own add & norm; its output is both
+        # the FFN's input and what the FFN's residual add adds back.
+        attention_BTH, _ = block.attention(hidden_BTH, context["mask"], cache=cache)
+        return attention_BTH, attention_BTH
+
+    def ffn_output(self, block: nn.Module, proj_BTF: torch.Tensor) -> torch.Tensor:
+        output = block.output
+        return output.dropout(output.dense(block.intermediate.intermediate_act_fn(proj_BTF)))
+
+    def add_residual(
+        self, block: nn.Module, ffn_BTH: torch.Tensor, residual_BTH: torch.Tensor | None
+    ) -> torch.Tensor:
+        summed_BTH = ffn_BTH if residual_BTH is None else ffn_BTH + residual_BTH
+        return block.output.LayerNorm(summed_BTH)
 
     def head(self, part: Part, hidden_BTH: torch.Tensor) -> torch.Tensor:
         pooled_BH = part.module("bert.pooler")(hidden_BTH)

@@ -39,6 +39,9 @@ class GPT2Adapter(CausalLMAdapter):
     lora_fan_in_fan_out = True  # GPT-2 projections are Conv1D (weight stored in x out)
     ffn_in_paths = ("mlp.c_fc",)
     ffn_out_path = "mlp.c_proj"
+    ffn_conv1d = True
+    cut_sender_paths = ("ln_1", "attn", "ln_2")
+    cut_receiver_paths = ("mlp.act", "mlp.c_proj", "mlp.dropout")
     dropout_keys = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout")
 
     def make_config(self, cfg: ModelConfig) -> PreTrainedConfig:
@@ -100,6 +103,28 @@ class GPT2Adapter(CausalLMAdapter):
             use_cache=cache is not None,
             position_ids=context["positions"],
         )
+
+    def ffn_input(
+        self,
+        block: nn.Module,
+        layer_idx: int,
+        hidden_BTH: torch.Tensor,
+        context: Mapping[str, Any],
+        cache: Cache | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        attn_BTH, _ = block.attn(
+            block.ln_1(hidden_BTH),
+            cache=cache,
+            attention_mask=context["mask"],
+            use_cache=cache is not None,
+            position_ids=context["positions"],
+        )
+        residual_BTH = attn_BTH + hidden_BTH
+        return block.ln_2(residual_BTH), residual_BTH
+
+    def ffn_output(self, block: nn.Module, proj_BTF: torch.Tensor) -> torch.Tensor:
+        mlp = block.mlp
+        return mlp.dropout(mlp.c_proj(mlp.act(proj_BTF)))
 
     def head(self, part: Part, hidden_BTH: torch.Tensor) -> torch.Tensor:
         return part.module("lm_head")(part.module("transformer.ln_f")(hidden_BTH))

@@ -51,6 +51,8 @@ class LlamaAdapter(CausalLMAdapter):
     lora_targets = ("q_proj", "v_proj")
     ffn_in_paths = ("mlp.gate_proj", "mlp.up_proj")
     ffn_out_path = "mlp.down_proj"
+    cut_sender_paths = ("input_layernorm", "self_attn", "post_attention_layernorm")
+    cut_receiver_paths = ("mlp.act_fn", "mlp.down_proj")
     dropout_keys = ("attention_dropout",)
 
     def make_config(self, cfg: ModelConfig) -> PreTrainedConfig:
@@ -126,6 +128,30 @@ class LlamaAdapter(CausalLMAdapter):
             use_cache=cache is not None,
             position_embeddings=context["rotary"],
         )
+
+    def ffn_input(
+        self,
+        block: nn.Module,
+        layer_idx: int,
+        hidden_BTH: torch.Tensor,
+        context: Mapping[str, Any],
+        cache: Cache | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        attn_BTH, _ = block.self_attn(
+            hidden_states=block.input_layernorm(hidden_BTH),
+            attention_mask=context["masks"][context["layer_types"][layer_idx]],
+            position_ids=context["positions"],
+            cache=cache,
+            use_cache=cache is not None,
+            position_embeddings=context["rotary"],
+        )
+        residual_BTH = hidden_BTH + attn_BTH
+        return block.post_attention_layernorm(residual_BTH), residual_BTH
+
+    def ffn_output(self, block: nn.Module, proj_BTF: torch.Tensor) -> torch.Tensor:
+        # One shared code feeds both projections: proj is [gate | up] along the last dim.
+        gate_BTF, up_BTF = proj_BTF.chunk(2, dim=-1)
+        return block.mlp.down_proj(block.mlp.act_fn(gate_BTF) * up_BTF)
 
     def head(self, part: Part, hidden_BTH: torch.Tensor) -> torch.Tensor:
         return part.module("lm_head")(part.module("model.norm")(hidden_BTH))
