@@ -147,11 +147,23 @@ class AdaptiveWeights:
             raise ValueError(f"bad measurement for {worker!r}: {padded_tokens} tokens, {seconds} s")
         if padded_tokens == 0 or seconds == 0.0:
             return
-        rate = padded_tokens / seconds
+        self.observe_rate(worker, padded_tokens / seconds)
+
+    def observe_rate(self, worker: str, tokens_per_s: float | None) -> None:
+        """Fold a rate as a COMMIT reports it (None or 0: the worker ran nothing, ignored).
+
+        Raises:
+            ValueError: an unknown worker or a negative / non-finite rate.
+        """
+        if worker not in self._initial:
+            raise ValueError(f"unknown worker {worker!r}")
+        if tokens_per_s is None or tokens_per_s == 0.0:
+            return
+        if not math.isfinite(tokens_per_s) or tokens_per_s < 0.0:
+            raise ValueError(f"bad rate for {worker!r}: {tokens_per_s} tokens/s")
         old = self._rate.get(worker)
-        self._rate[worker] = (
-            rate if old is None else (1.0 - self.ewma_new) * old + self.ewma_new * rate
-        )
+        new = self.ewma_new
+        self._rate[worker] = tokens_per_s if old is None else (1.0 - new) * old + new * tokens_per_s
 
     @property
     def measured(self) -> bool:

@@ -1,0 +1,219 @@
+"""The owner's U-shape scheduler over a tensor transport and a control endpoint.
+
+Per window (see `splitlab.train.window` for the protocol and `splitlab.train.nodes` for the
+compute):
+
+1. pin this window's microbatches to workers by smooth WRR and send PLAN to every worker
+   (zeros included, so an empty owner still joins the barrier);
+2. collect every worker's OPEN: the group total (the objective's denominator) and the credit;
+3. loop until every microbatch finished backward, serving returning work first:
+   a FRONT_BACKWARD (front backward, release the slot), then a TAIL_FORWARD (tail forward,
+   scaled loss, backward, BODY_BACKWARD to the same worker), then a new BODY_FORWARD to the
+   first pending microbatch whose worker has a free slot (others are skipped, not waited on);
+4. send DRAINED, collect every worker's COMMIT (with its throughput for adaptive weights),
+   then step front + tail (if this owner ran anything).
+
+Any failure sends ABORT to every worker with the cause before it propagates.
+
+    .venv/bin/pytest tests/equivalence/test_train_schedulers.py -q
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from splitlab.config.enums import Objective
+from splitlab.control.endpoint import ControlEndpoint
+from splitlab.control.messages import Commit, Drained, Kind, Open, Plan
+from splitlab.errors import ConfigError, ProtocolError
+from splitlab.models.families import PAD_MASK as ATTENTION_MASK
+from splitlab.train.engine import Emit
+from splitlab.train.nodes import Batch, OwnerNode, clip_and_step
+from splitlab.train.objective import loss_scale
+from splitlab.train.protocol import (
+    BODY_BACKWARD,
+    BODY_FORWARD,
+    FRONT_BACKWARD,
+    GRAD,
+    HIDDEN,
+    IDLE_WAIT_S,
+    PAD_MASK,
+    TAIL_FORWARD,
+    Watchdog,
+    abort_peers,
+    owned,
+    try_recv,
+)
+from splitlab.train.window import InflightLedger, next_dispatch, planned_counts
+from splitlab.train.wrr import AdaptiveWeights, SmoothWRR
+from splitlab.wire.base import Message, Priority, Transport
+from splitlab.wire.frame import Lane, Routing
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    max_inflight: int = 2  # live microbatches per owner
+    clip_grad_norm: float = 0.0  # > 0 clips this node's partition on its own
+    timeout_s: float = 120.0  # any wait without progress before the round aborts
+    objective: Objective = Objective.mean_of_means
+
+
+class OwnerScheduler:
+    """Runs one owner's windows against the workers of its group."""
+
+    def __init__(
+        self,
+        *,
+        node: OwnerNode,
+        transport: Transport,
+        control: ControlEndpoint,
+        workers: Sequence[str],
+        weights: AdaptiveWeights,
+        settings: SchedulerSettings,
+        emit: Emit | None = None,
+    ) -> None:
+        if Objective(settings.objective) is not Objective.mean_of_means:
+            raise ConfigError(
+                "architecture.objective=token_weighted needs target counts in PLAN/OPEN, which "
+                "the networked schedulers do not carry yet; use mean_of_means"
+            )
+        self.node, self.transport, self.control = node, transport, control
+        self.workers = list(workers)
+        self.weights, self.settings = weights, settings
+        self.wrr = SmoothWRR(weights.weights())
+        self.emit: Emit = emit or (lambda kind, **fields: None)
+
+    def run_window(self, window_id: int, batches: Sequence[Batch]) -> list[float]:
+        """One window; returns this owner's microbatch losses. Aborts the group on failure."""
+        try:
+            return self._window(window_id, list(batches))
+        except BaseException as exc:
+            abort_peers(self.control, self.workers, exc)
+            raise
+
+    def _window(self, window_id: int, batches: list[Batch]) -> list[float]:
+        ctl, me, timeout_s = self.control, self.control.node_id, self.settings.timeout_s
+        ctl.advance(window_id)
+        self.wrr.set_weights(self.weights.weights())
+        assignment = self.wrr.assign(len(batches))
+        counts = planned_counts(assignment, self.workers)
+        plan = Plan(session_id=ctl.session, sender=me, window_id=window_id, counts_by_worker=counts)
+        ctl.send_all(self.workers, plan)
+        self.emit("plan", window=window_id, owner=me, counts_by_worker=counts)
+        opens: dict[str, Open] = ctl.collect(Kind.OPEN, self.workers, timeout_s)  # type: ignore[assignment]
+        totals = {msg.group_total for msg in opens.values()}
+        if len(totals) != 1:
+            raise ProtocolError(f"window {window_id}: workers disagree on the group total {totals}")
+        group_total = totals.pop()
+        losses = self._run(window_id, batches, assignment, opens, group_total) if batches else []
+        drained = Drained(
+            session_id=ctl.session, sender=me, window_id=window_id, num_microbatches=len(batches)
+        )
+        ctl.send_all(self.workers, drained)
+        self.emit("drained", window=window_id, owner=me, num_microbatches=len(batches))
+        commits: dict[str, Commit] = ctl.collect(Kind.COMMIT, self.workers, timeout_s)  # type: ignore[assignment]
+        for worker, msg in commits.items():
+            self.weights.observe_rate(worker, msg.tokens_per_s)
+        if batches:
+            clip_and_step(self.node.params, self.node.optimizer, self.settings.clip_grad_norm)
+            self.emit("step", window=window_id, owner=me)
+        return losses
+
+    def _run(
+        self,
+        window_id: int,
+        batches: list[Batch],
+        assignment: list[str],
+        opens: dict[str, Open],
+        group_total: int,
+    ) -> list[float]:
+        me, transport, timeout_s = self.control.node_id, self.transport, self.settings.timeout_s
+        ledger = InflightLedger(
+            total=self.settings.max_inflight,
+            credit_by_peer={w: msg.credit for w, msg in opens.items()},
+        )
+        scale = loss_scale(Objective.mean_of_means, group_microbatches=group_total)
+        pending = list(range(len(batches)))
+        done, losses = 0, []
+        watchdog = Watchdog(self.control, timeout_s=timeout_s, what=f"running window {window_id}")
+
+        def routing(microbatch: int) -> Routing:
+            return Routing(session=self.control.session, window=window_id, microbatch=microbatch)
+
+        def front_backward(msg: Message) -> None:
+            with msg:
+                microbatch = self._check(msg, FRONT_BACKWARD, window_id, ledger)
+                grad = owned(msg, GRAD)
+            self.node.front_backward(microbatch, grad)
+            ledger.release(microbatch)
+            self.emit(
+                "backward", window=window_id, microbatch=microbatch, owner=me, worker=msg.peer
+            )
+
+        while done < len(batches):
+            busy = False
+            msg = try_recv(transport, Lane.GRADIENT)
+            if msg is not None:  # returning work first: it frees a slot
+                front_backward(msg)
+                done += 1
+                busy = True
+            msg = try_recv(transport, Lane.ACTIVATION)
+            if msg is not None:
+                with msg:
+                    microbatch = self._check(msg, TAIL_FORWARD, window_id, ledger)
+                    hidden = owned(msg, HIDDEN)
+                grad, loss = self.node.tail_step(microbatch, hidden, batches[microbatch], scale)
+                losses.append(loss)
+                transport.send(
+                    msg.peer, Lane.GRADIENT, BODY_BACKWARD, {GRAD: grad},
+                    routing=routing(microbatch), priority=Priority.BACKWARD, timeout_s=timeout_s,
+                ).wait(timeout_s)  # fmt: skip
+                busy = True
+            index = next_dispatch([assignment[mb] for mb in pending], ledger)
+            if index is not None:
+                microbatch = pending.pop(index)
+                worker = assignment[microbatch]
+                ledger.admit(microbatch, worker)
+                batch = batches[microbatch]
+                hidden = self.node.front_forward(microbatch, batch)
+                tensors = {HIDDEN: hidden, PAD_MASK: batch[ATTENTION_MASK]}
+                transport.send(
+                    worker, Lane.ACTIVATION, BODY_FORWARD, tensors,
+                    routing=routing(microbatch), timeout_s=timeout_s,
+                ).wait(timeout_s)  # fmt: skip
+                self.emit(
+                    "forward", window=window_id, microbatch=microbatch, owner=me, worker=worker
+                )
+                busy = True
+            if busy:
+                watchdog.progress()
+                continue
+            watchdog.check(w for w in self.workers if ledger.live_on(w))
+            msg = try_recv(transport, Lane.GRADIENT, IDLE_WAIT_S)  # idle: block briefly
+            if msg is not None:
+                front_backward(msg)
+                done += 1
+                watchdog.progress()
+        return losses
+
+    def _check(self, msg: Message, kind: str, window_id: int, ledger: InflightLedger) -> int:
+        """The microbatch a frame is about, after checking it belongs here and now."""
+        microbatch = msg.routing.microbatch
+        if msg.kind != kind or msg.routing.window != window_id or microbatch is None:
+            raise ProtocolError(
+                f"{self.control.node_id!r} got {msg.kind} for window {msg.routing.window} "
+                f"microbatch {microbatch} from {msg.peer!r}, expected {kind} in window {window_id}"
+            )
+        try:
+            pinned = ledger.peer_of(microbatch)
+        except KeyError:
+            raise ProtocolError(
+                f"{msg.kind} from {msg.peer!r} for microbatch {microbatch}, which is not live"
+            ) from None
+        if pinned != msg.peer:
+            raise ProtocolError(
+                f"{msg.kind} for microbatch {microbatch} came from {msg.peer!r}, "
+                f"but it is pinned to {pinned!r}"
+            )
+        return microbatch

@@ -1,0 +1,183 @@
+"""The worker's U-shape scheduler: body forward/backward for every owner of its group.
+
+Per window:
+
+1. collect every owner's PLAN: how many microbatches each sends here, and the group total;
+2. send OPEN (group total, the per-owner credit) to every owner;
+3. serve until every planned microbatch finished its body backward, backward first: a
+   BODY_BACKWARD runs the kept graph, releases it and returns FRONT_BACKWARD; a BODY_FORWARD
+   runs the body once, keeps its graph (pinned here until its backward) and returns
+   TAIL_FORWARD. An owner exceeding its credit is a protocol error;
+4. collect every owner's DRAINED, step the body (if it ran anything), enter the next window,
+   then send COMMIT with the measured throughput (padded tokens / body seconds).
+
+Any failure sends ABORT to every owner with the cause before it propagates.
+
+    .venv/bin/pytest tests/equivalence/test_train_schedulers.py -q
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from splitlab.control.endpoint import ControlEndpoint
+from splitlab.control.messages import Commit, Drained, Kind, Open, Plan
+from splitlab.errors import ProtocolError
+from splitlab.train.engine import Emit
+from splitlab.train.nodes import WorkerNode, clip_and_step
+from splitlab.train.owner import SchedulerSettings
+from splitlab.train.protocol import (
+    BODY_BACKWARD,
+    BODY_FORWARD,
+    FRONT_BACKWARD,
+    GRAD,
+    HIDDEN,
+    IDLE_WAIT_S,
+    PAD_MASK,
+    TAIL_FORWARD,
+    Watchdog,
+    abort_peers,
+    owned,
+    try_recv,
+)
+from splitlab.train.window import InflightLedger
+from splitlab.wire.base import Message, Priority, Transport
+from splitlab.wire.frame import Lane, Routing
+
+
+class WorkerScheduler:
+    """Runs one worker's windows for the owners of its group."""
+
+    def __init__(
+        self,
+        *,
+        node: WorkerNode,
+        transport: Transport,
+        control: ControlEndpoint,
+        owners: Sequence[str],
+        credit: int,
+        worker_max_inflight: int,
+        settings: SchedulerSettings,
+        emit: Emit | None = None,
+    ) -> None:
+        self.node, self.transport, self.control = node, transport, control
+        self.owners = list(owners)
+        self.credit, self.worker_max_inflight = credit, worker_max_inflight
+        self.settings = settings
+        self.emit: Emit = emit or (lambda kind, **fields: None)
+
+    def run_window(self, window_id: int) -> int:
+        """One window; returns the microbatches this worker ran. Aborts the group on failure."""
+        try:
+            return self._window(window_id)
+        except BaseException as exc:
+            abort_peers(self.control, self.owners, exc)
+            raise
+
+    def _window(self, window_id: int) -> int:
+        ctl, me, timeout_s = self.control, self.control.node_id, self.settings.timeout_s
+        ctl.advance(window_id)
+        plans: dict[str, Plan] = ctl.collect(Kind.PLAN, self.owners, timeout_s)  # type: ignore[assignment]
+        expected = {owner: int(plan.counts_by_worker.get(me, 0)) for owner, plan in plans.items()}
+        planned_by_owner = {o: sum(p.counts_by_worker.values()) for o, p in plans.items()}
+        group_total = sum(planned_by_owner.values())
+        self.node.start_window()
+        opened = Open(
+            session_id=ctl.session,
+            sender=me,
+            window_id=window_id,
+            group_total=group_total,
+            credit=self.credit,
+        )
+        ctl.send_all(self.owners, opened)
+        self.emit("open", window=window_id, worker=me, group_total=group_total, credit=self.credit)
+        total = sum(expected.values())
+        if total:
+            self._serve(window_id, expected)
+        drained: dict[str, Drained] = ctl.collect(Kind.DRAINED, self.owners, timeout_s)  # type: ignore[assignment]
+        for owner, msg in drained.items():
+            if msg.num_microbatches != planned_by_owner[owner]:
+                raise ProtocolError(
+                    f"{owner!r} drained {msg.num_microbatches} microbatches in window "
+                    f"{window_id}, planned {planned_by_owner[owner]}"
+                )
+        if total:
+            clip_and_step(self.node.params, self.node.optimizer, self.settings.clip_grad_norm)
+        tokens_per_s = self.node.tokens_per_s()
+        ctl.advance(window_id + 1)  # before COMMIT: owners' next PLAN may follow at once
+        commit = Commit(
+            session_id=ctl.session,
+            sender=me,
+            window_id=window_id,
+            num_microbatches=total,
+            tokens_per_s=tokens_per_s,
+        )
+        ctl.send_all(self.owners, commit)
+        self.emit(
+            "commit", window=window_id, worker=me, num_microbatches=total, tokens_per_s=tokens_per_s
+        )
+        return total
+
+    def _serve(self, window_id: int, expected: dict[str, int]) -> None:
+        transport, timeout_s = self.transport, self.settings.timeout_s
+        ledger = InflightLedger(
+            total=self.worker_max_inflight, credit_by_peer=dict.fromkeys(self.owners, self.credit)
+        )
+        arrived = dict.fromkeys(self.owners, 0)
+        done, total = 0, sum(expected.values())
+        watchdog = Watchdog(self.control, timeout_s=timeout_s, what=f"serving window {window_id}")
+
+        def routing(microbatch: int) -> Routing:
+            return Routing(session=self.control.session, window=window_id, microbatch=microbatch)
+
+        def backward(msg: Message) -> None:
+            with msg:
+                microbatch = self._check(msg, BODY_BACKWARD, window_id)
+                grad = owned(msg, GRAD)
+            ledger.release((msg.peer, microbatch))
+            grad_in = self.node.body_backward((msg.peer, microbatch), grad)
+            transport.send(
+                msg.peer, Lane.GRADIENT, FRONT_BACKWARD, {GRAD: grad_in},
+                routing=routing(microbatch), priority=Priority.BACKWARD, timeout_s=timeout_s,
+            ).wait(timeout_s)  # fmt: skip
+
+        while done < total:
+            msg = try_recv(transport, Lane.GRADIENT)
+            if msg is not None:  # backward first: it releases a graph and a credit
+                backward(msg)
+                done += 1
+                watchdog.progress()
+                continue
+            msg = try_recv(transport, Lane.ACTIVATION, IDLE_WAIT_S)
+            if msg is None:
+                watchdog.check(
+                    o for o in self.owners if arrived[o] < expected[o] or ledger.live_on(o)
+                )
+                continue
+            with msg:
+                microbatch = self._check(msg, BODY_FORWARD, window_id)
+                hidden, pad_mask = owned(msg, HIDDEN), owned(msg, PAD_MASK)
+            arrived[msg.peer] += 1
+            if arrived[msg.peer] > expected[msg.peer]:
+                raise ProtocolError(
+                    f"{msg.peer!r} sent more than its planned {expected[msg.peer]} microbatches "
+                    f"in window {window_id}"
+                )
+            ledger.admit((msg.peer, microbatch), msg.peer)
+            out = self.node.body_forward((msg.peer, microbatch), hidden, pad_mask)
+            transport.send(
+                msg.peer, Lane.ACTIVATION, TAIL_FORWARD, {HIDDEN: out},
+                routing=routing(microbatch), timeout_s=timeout_s,
+            ).wait(timeout_s)  # fmt: skip
+            watchdog.progress()
+
+    def _check(self, msg: Message, kind: str, window_id: int) -> int:
+        microbatch = msg.routing.microbatch
+        if msg.peer not in self.owners:
+            raise ProtocolError(f"{msg.kind} from {msg.peer!r}, not an owner of this group")
+        if msg.kind != kind or msg.routing.window != window_id or microbatch is None:
+            raise ProtocolError(
+                f"{self.control.node_id!r} got {msg.kind} for window {msg.routing.window} "
+                f"microbatch {microbatch} from {msg.peer!r}, expected {kind} in window {window_id}"
+            )
+        return microbatch

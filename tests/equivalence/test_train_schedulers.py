@@ -1,0 +1,200 @@
+"""Owner and worker schedulers over a real transport and control bus, one thread per node.
+
+Every node has its own model replica, transport endpoint and control-bus connection (opened in
+its own thread, as pika requires); only frames and control messages connect them.
+
+.venv/bin/pytest tests/equivalence/test_train_schedulers.py -q
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+from model_helpers import tiny_model, twin
+from test_train_engine import WINDOW, adamw, assert_same_parameters, batches, train_unsplit
+from torch import nn
+
+from splitlab.control.bus import make_bus
+from splitlab.control.embedded import EmbeddedBusServer
+from splitlab.control.endpoint import ControlEndpoint
+from splitlab.errors import AbortedError, NonFiniteError
+from splitlab.models.parts import build_parts
+from splitlab.models.plan import u_shape_plan
+from splitlab.train.nodes import OwnerNode, WorkerNode, partition_parameters
+from splitlab.train.owner import OwnerScheduler, SchedulerSettings
+from splitlab.train.window import effective_credit, round_schedule
+from splitlab.train.worker import WorkerScheduler
+from splitlab.train.wrr import AdaptiveWeights, SmoothWRR
+from splitlab.wire.inproc import InProcHub, InProcTransport
+
+PLAN = u_shape_plan(num_layers=4, cut_layers=1, tail_blocks=1)
+SETTINGS = SchedulerSettings(max_inflight=2, timeout_s=20.0)
+
+
+@dataclass
+class Group:
+    """A whole U-shape group in threads; `run` returns once every node finished or failed."""
+
+    base: nn.Module
+    data: dict[str, list[dict[str, torch.Tensor]]]
+    weights: dict[str, float]
+    quota: int = WINDOW
+    owners: dict[str, OwnerNode] = field(default_factory=dict)
+    workers: dict[str, WorkerNode] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    errors: dict[str, BaseException] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        for name in self.data:
+            front, _, tail = build_parts(twin(self.base), PLAN)
+            self.owners[name] = OwnerNode(
+                name, front, tail, adamw(partition_parameters(front, tail))
+            )
+        for name in self.weights:
+            _, body, _ = build_parts(twin(self.base), PLAN)
+            self.workers[name] = WorkerNode(name, body, adamw(partition_parameters(body)))
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        with self.lock:
+            self.events.append({"kind": kind, **fields})
+
+    def run(self) -> None:
+        session = f"t{uuid.uuid4().hex[:10]}"
+        server = EmbeddedBusServer()
+        address = server.start()
+        hub = InProcHub()
+        transports = {
+            n: InProcTransport(n, hub, session=session) for n in [*self.owners, *self.workers]
+        }
+        schedule = round_schedule({o: len(b) for o, b in self.data.items()}, self.quota)
+        credit = effective_credit(
+            max_inflight=SETTINGS.max_inflight, worker_max_inflight=8, num_owners=len(self.owners)
+        )
+
+        def control(name: str) -> ControlEndpoint:
+            bus = make_bus(
+                "embedded", host=address.host, port=address.port, authkey=address.authkey,
+                session=session, node_id=name, timeout_s=10.0,
+            )  # fmt: skip
+            return ControlEndpoint(bus)
+
+        def owner_main(name: str) -> None:
+            ctl = control(name)
+            try:
+                scheduler = OwnerScheduler(
+                    node=self.owners[name], transport=transports[name], control=ctl,
+                    workers=list(self.workers), weights=AdaptiveWeights(self.weights, adaptive=False),
+                    settings=SETTINGS, emit=self.emit,
+                )  # fmt: skip
+                start = 0
+                for window_id, counts in enumerate(schedule):
+                    chunk = self.data[name][start : start + counts[name]]
+                    start += counts[name]
+                    scheduler.run_window(window_id, chunk)
+            finally:
+                ctl.close()
+
+        def worker_main(name: str) -> None:
+            ctl = control(name)
+            try:
+                scheduler = WorkerScheduler(
+                    node=self.workers[name], transport=transports[name], control=ctl,
+                    owners=list(self.owners), credit=credit, worker_max_inflight=8,
+                    settings=SETTINGS, emit=self.emit,
+                )  # fmt: skip
+                for window_id in range(len(schedule)):
+                    scheduler.run_window(window_id)
+            finally:
+                ctl.close()
+
+        def guarded(name: str, main: Callable[[str], None]) -> Callable[[], None]:
+            def body() -> None:
+                try:
+                    main(name)
+                except BaseException as exc:  # noqa: BLE001 - collected for the test to inspect
+                    self.errors[name] = exc
+
+            return body
+
+        threads = [threading.Thread(target=guarded(n, owner_main)) for n in self.owners]
+        threads += [threading.Thread(target=guarded(n, worker_main)) for n in self.workers]
+        try:
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=120)
+                assert not thread.is_alive(), "a node thread hung"
+        finally:
+            for transport in transports.values():
+                transport.close()
+            server.close()
+
+
+def split_model(group: Group) -> nn.Module:
+    """The 1 x 1 group's parameters assembled back under the unsplit model's names."""
+    (owner,) = group.owners.values()
+    (worker,) = group.workers.values()
+    model = twin(group.base)
+    state = {**owner.state_dict(), **worker.state_dict()}
+    model.load_state_dict(state, strict=False)
+    return model
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2", "llama"])
+def test_one_owner_one_worker_matches_unsplit_over_the_transport(family: str) -> None:
+    base = tiny_model(family)
+    ref = twin(base)
+    data = batches(family)
+    group = Group(base, {"o0": data}, {"w0": 1.0})
+
+    train_unsplit(ref, family, data)
+    group.run()
+
+    assert group.errors == {}
+    assert_same_parameters(ref, split_model(group))
+
+
+def test_three_owners_two_workers_split_and_barrier_order() -> None:
+    data = {"o0": batches("gpt2", n=5), "o1": batches("gpt2", n=2, seed=40), "o2": []}
+    group = Group(tiny_model("gpt2"), data, {"w0": 3.0, "w1": 1.0})
+
+    group.run()
+
+    assert group.errors == {}
+    for owner, items in data.items():
+        pinned = [
+            e["worker"] for e in group.events if e["kind"] == "forward" and e["owner"] == owner
+        ]
+        assert sorted(pinned) == sorted(SmoothWRR({"w0": 3.0, "w1": 1.0}).assign(len(items)))
+    for window in (0, 1):
+        order = [e["kind"] for e in group.events if e.get("window") == window]
+        last_drained = max(i for i, k in enumerate(order) if k == "drained")
+        commits = [i for i, k in enumerate(order) if k == "commit"]
+        assert len(commits) == 2 and min(commits) > last_drained
+        assert all(i > min(commits) for i, k in enumerate(order) if k == "step")
+    assert [n.num_samples for n in group.owners.values()][2] == 0
+    assert sum(w.num_samples for w in group.workers.values()) == sum(
+        o.num_samples for o in group.owners.values()
+    )
+
+
+def test_non_finite_body_aborts_every_node_naming_the_worker() -> None:
+    group = Group(
+        tiny_model("gpt2"), {"o0": batches("gpt2", n=3), "o1": batches("gpt2", n=3)}, {"w0": 1.0}
+    )
+    with torch.no_grad():
+        next(group.workers["w0"].body.parameters()).fill_(float("nan"))
+
+    group.run()
+
+    assert isinstance(group.errors["w0"], NonFiniteError)
+    for owner in ("o0", "o1"):
+        assert isinstance(group.errors[owner], AbortedError), group.errors.get(owner)
+        assert "'w0'" in str(group.errors[owner]) and "NonFiniteError" in str(group.errors[owner])
