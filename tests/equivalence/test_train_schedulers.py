@@ -8,6 +8,7 @@ its own thread, as pika requires); only frames and control messages connect them
 
 from __future__ import annotations
 
+import secrets
 import threading
 import uuid
 from collections.abc import Callable
@@ -31,7 +32,9 @@ from splitlab.train.owner import OwnerScheduler, SchedulerSettings
 from splitlab.train.window import effective_credit, round_schedule
 from splitlab.train.worker import WorkerScheduler
 from splitlab.train.wrr import AdaptiveWeights, SmoothWRR
+from splitlab.wire.base import Transport
 from splitlab.wire.inproc import InProcHub, InProcTransport
+from splitlab.wire.tcp import TcpTransport
 
 PLAN = u_shape_plan(num_layers=4, cut_layers=1, tail_blocks=1)
 SETTINGS = SchedulerSettings(max_inflight=2, timeout_s=20.0)
@@ -45,6 +48,7 @@ class Group:
     data: dict[str, list[dict[str, torch.Tensor]]]
     weights: dict[str, float]
     quota: int = WINDOW
+    transport: str = "inproc"  # or "tcp": real loopback sockets with the session handshake
     owners: dict[str, OwnerNode] = field(default_factory=dict)
     workers: dict[str, WorkerNode] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
@@ -64,6 +68,20 @@ class Group:
     def emit(self, kind: str, **fields: Any) -> None:
         with self.lock:
             self.events.append({"kind": kind, **fields})
+
+    def _transports(self, session: str) -> dict[str, Transport]:
+        names = [*self.owners, *self.workers]
+        if self.transport == "inproc":
+            hub = InProcHub()
+            return {n: InProcTransport(n, hub, session=session) for n in names}
+        key = secrets.token_bytes(32)
+        transports: dict[str, Transport] = {
+            n: TcpTransport(n, key=key, session=session, pool_bytes=16 << 20) for n in names
+        }
+        for owner in self.owners:  # owners dial every worker of the group
+            for worker in self.workers:
+                transports[owner].connect(worker, *transports[worker].address)
+        return transports
 
     def run(self) -> None:
         session = f"t{uuid.uuid4().hex[:10]}"
@@ -147,12 +165,15 @@ def split_model(group: Group) -> nn.Module:
     return model
 
 
+@pytest.mark.parametrize("transport", ["inproc", "tcp"])
 @pytest.mark.parametrize("family", ["bert", "gpt2", "llama"])
-def test_one_owner_one_worker_matches_unsplit_over_the_transport(family: str) -> None:
+def test_one_owner_one_worker_matches_unsplit_over_the_transport(
+    family: str, transport: str
+) -> None:
     base = tiny_model(family)
     ref = twin(base)
     data = batches(family)
-    group = Group(base, {"o0": data}, {"w0": 1.0})
+    group = Group(base, {"o0": data}, {"w0": 1.0}, transport=transport)
 
     train_unsplit(ref, family, data)
     group.run()
@@ -161,9 +182,10 @@ def test_one_owner_one_worker_matches_unsplit_over_the_transport(family: str) ->
     assert_same_parameters(ref, split_model(group))
 
 
-def test_three_owners_two_workers_split_and_barrier_order() -> None:
+@pytest.mark.parametrize("transport", ["inproc", "tcp"])
+def test_three_owners_two_workers_split_and_barrier_order(transport: str) -> None:
     data = {"o0": batches("gpt2", n=5), "o1": batches("gpt2", n=2, seed=40), "o2": []}
-    group = Group(tiny_model("gpt2"), data, {"w0": 3.0, "w1": 1.0})
+    group = Group(tiny_model("gpt2"), data, {"w0": 3.0, "w1": 1.0}, transport=transport)
 
     group.run()
 
