@@ -29,7 +29,9 @@ from splitlab.telemetry.log import setup_logging
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 # task name -> "module:function" taking (cfg: Config) and returning an exit code.
-TASKS: dict[str, str] = {}
+TASKS: dict[str, str] = {
+    "infer": "splitlab.launch.ring:run_infer",
+}
 
 log = logging.getLogger("splitlab.cli")
 
