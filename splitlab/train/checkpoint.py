@@ -74,7 +74,7 @@ def restore_rng(state: Mapping[str, str]) -> None:
         random.setstate((version, tuple(internal), gauss))
 
 
-def _unshared(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def unshared(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Contiguous CPU tensors, cloning any that share storage (tied weights) with an earlier key:
     safetensors refuses aliased tensors, and loading writes the same values to both keys."""
     seen: set[tuple[int, int]] = set()
@@ -113,7 +113,7 @@ def save_checkpoint(
         _RNG_KEY: json.dumps(dict(rng if rng is not None else capture_rng())),
     }
     try:
-        save_file(_unshared(state), str(temp), metadata=metadata)
+        save_file(unshared(state), str(temp), metadata=metadata)
         _fsync_path(temp)
         os.replace(temp, final)
     finally:

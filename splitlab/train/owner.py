@@ -42,6 +42,7 @@ from splitlab.train.protocol import (
     TAIL_FORWARD,
     Watchdog,
     abort_peers,
+    explain_peer_loss,
     owned,
     try_recv,
 )
@@ -89,6 +90,7 @@ class OwnerScheduler:
         try:
             return self._window(window_id, list(batches))
         except BaseException as exc:
+            explain_peer_loss(self.control, exc)  # raises the ABORT's cause if there is one
             abort_peers(self.control, self.workers, exc)
             raise
 

@@ -24,7 +24,7 @@ import torch
 
 from splitlab.control.endpoint import ControlEndpoint
 from splitlab.control.messages import Abort
-from splitlab.errors import AbortedError, SplitlabError, WaitTimeoutError
+from splitlab.errors import AbortedError, PeerLostError, SplitlabError, WaitTimeoutError
 from splitlab.wire.base import Message, Transport
 from splitlab.wire.frame import Lane
 
@@ -79,6 +79,20 @@ class Watchdog:
                 f"{self.control.node_id!r} made no progress for {self.timeout_s:.1f} s while "
                 f"{self.what}; waiting for {sorted(set(waiting_for))}"
             )
+
+
+def explain_peer_loss(control: ControlEndpoint, error: BaseException, wait_s: float = 1.0) -> None:
+    """A lost data connection is often the symptom of a peer that aborted: if an ABORT is (or
+    soon is) on the bus, raise `AbortedError` with its cause instead; otherwise do nothing."""
+    if not isinstance(error, PeerLostError):
+        return
+    msg = None
+    with contextlib.suppress(SplitlabError, OSError):
+        msg = control.poll(wait_s, kinds=())
+    if isinstance(msg, Abort):
+        raise AbortedError(
+            f"round aborted by {msg.cause_node!r}: {msg.reason} (seen here as: {error})"
+        ) from error
 
 
 def abort_peers(control: ControlEndpoint, peers: Iterable[str], error: BaseException) -> None:

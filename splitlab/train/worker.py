@@ -37,6 +37,7 @@ from splitlab.train.protocol import (
     TAIL_FORWARD,
     Watchdog,
     abort_peers,
+    explain_peer_loss,
     owned,
     try_recv,
 )
@@ -71,6 +72,7 @@ class WorkerScheduler:
         try:
             return self._window(window_id)
         except BaseException as exc:
+            explain_peer_loss(self.control, exc)  # raises the ABORT's cause if there is one
             abort_peers(self.control, self.owners, exc)
             raise
 

@@ -1,0 +1,202 @@
+"""One U-shape training node as its own process: owner or worker, from a JSON spec.
+
+    python -m splitlab.train.process SPEC.json
+
+The spec names the node, its group, the model (random init from a seed, so every process
+builds the same weights), the partition, the optimizer, the scheduler limits and, for an
+owner, a safetensors file of its microbatches. The control bus address comes from the
+environment (`EmbeddedAddress.to_env`), as does the data-plane key (`SPLITLAB_DATA_KEY`, hex),
+so no secret is on a command line.
+
+Start-up: a worker opens its TCP listener and sends REGISTER (host, port) to every owner; an
+owner collects every worker's REGISTER and dials them. Then the windows run
+(`OwnerScheduler` / `WorkerScheduler`), the node writes its partition state (original key
+names) to `out_path` and exits 0. Any failure exits with the error's code (timeout, peer lost,
+non-finite, aborted, ...) after telling its peers why.
+
+    .venv/bin/pytest tests/equivalence/test_train_processes.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from splitlab.config.enums import DType, Family, ModelSource
+from splitlab.config.schema import ModelConfig
+from splitlab.control.bus import make_bus
+from splitlab.control.embedded import EmbeddedAddress
+from splitlab.control.endpoint import ControlEndpoint
+from splitlab.control.messages import Kind, Register
+from splitlab.errors import ConfigError, ExitCode, SplitlabError
+from splitlab.models.load import load_model
+from splitlab.models.parts import build_parts
+from splitlab.models.plan import u_shape_plan
+from splitlab.train.checkpoint import unshared
+from splitlab.train.nodes import OwnerNode, WorkerNode, partition_parameters
+from splitlab.train.owner import OwnerScheduler, SchedulerSettings
+from splitlab.train.window import effective_credit, owner_window_counts
+from splitlab.train.worker import WorkerScheduler
+from splitlab.train.wrr import AdaptiveWeights
+from splitlab.wire.tcp import TcpTransport
+
+log = logging.getLogger(__name__)
+DATA_KEY_ENV = "SPLITLAB_DATA_KEY"
+
+
+@dataclass
+class NodeSpec:
+    role: str  # "owner" or "worker"
+    name: str
+    session: str
+    owners: list[str]
+    workers: list[str]
+    model: dict[str, Any]  # ModelConfig fields (random source)
+    out_path: str  # where the partition state goes at the end
+    num_windows: int
+    quota: int  # microbatches per owner per window
+    seed: int = 0  # torch seed before building the model
+    cut_layers: int = 1
+    tail_blocks: int = 1
+    weights: dict[str, float] = field(default_factory=dict)  # worker -> compute weight
+    data_path: str | None = None  # owners: safetensors with mb{i}.<batch key>
+    lr: float = 1e-2
+    weight_decay: float = 0.01
+    eps: float = 1e-8
+    max_inflight: int = 2
+    worker_max_inflight: int = 8
+    clip_grad_norm: float = 0.0
+    timeout_s: float = 60.0
+
+    @classmethod
+    def from_json(cls, text: str) -> NodeSpec:
+        data = json.loads(text)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"node spec: unknown keys {unknown}")
+        return cls(**data)
+
+
+def model_config(data: dict[str, Any]) -> ModelConfig:
+    cfg = ModelConfig(**data)
+    cfg.family, cfg.source, cfg.dtype = (
+        Family(cfg.family),
+        ModelSource(cfg.source),
+        DType(cfg.dtype),
+    )
+    return cfg
+
+
+def save_batches(path: Path, batches: list[dict[str, torch.Tensor]]) -> None:
+    """Microbatches for an owner process (`mb{i}.<key>`)."""
+    save_file(
+        {f"mb{i}.{k}": t.contiguous() for i, b in enumerate(batches) for k, t in b.items()},
+        str(path),
+    )
+
+
+def load_batches(path: Path) -> list[dict[str, torch.Tensor]]:
+    flat = load_file(str(path))
+    out: dict[int, dict[str, torch.Tensor]] = {}
+    for key, tensor in flat.items():
+        index, name = key.split(".", 1)
+        out.setdefault(int(index[2:]), {})[name] = tensor
+    return [out[i] for i in sorted(out)]
+
+
+def run_node(spec: NodeSpec) -> None:
+    torch.manual_seed(spec.seed)
+    model, _ = load_model(model_config(spec.model), load_tokenizer=False)
+    front, body, tail = build_parts(
+        model,
+        u_shape_plan(
+            num_layers=spec.model["num_layers"],
+            cut_layers=spec.cut_layers,
+            tail_blocks=spec.tail_blocks,
+        ),
+    )
+
+    def adamw(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay, eps=spec.eps)
+
+    settings = SchedulerSettings(
+        max_inflight=spec.max_inflight, clip_grad_norm=spec.clip_grad_norm, timeout_s=spec.timeout_s
+    )
+    key = bytes.fromhex(os.environ[DATA_KEY_ENV])
+    address = EmbeddedAddress.from_env()
+    bus = make_bus(
+        "embedded", host=address.host, port=address.port, authkey=address.authkey,
+        session=spec.session, node_id=spec.name, timeout_s=spec.timeout_s,
+    )  # fmt: skip
+    control = ControlEndpoint(bus)
+    transport = TcpTransport(spec.name, key=key, session=spec.session)
+    try:
+        if spec.role == "worker":
+            host, port = transport.address
+            hello = Register(
+                session_id=spec.session, sender=spec.name, role="worker", host=host, port=port
+            )
+            control.send_all(spec.owners, hello)
+            node = WorkerNode(spec.name, body, adamw(partition_parameters(body)))
+            scheduler = WorkerScheduler(
+                node=node, transport=transport, control=control, owners=spec.owners,
+                credit=effective_credit(
+                    max_inflight=spec.max_inflight, worker_max_inflight=spec.worker_max_inflight,
+                    num_owners=len(spec.owners),
+                ),
+                worker_max_inflight=spec.worker_max_inflight, settings=settings,
+            )  # fmt: skip
+            for window_id in range(spec.num_windows):
+                scheduler.run_window(window_id)
+            state = node.state_dict()
+        elif spec.role == "owner":
+            registers = control.collect(Kind.REGISTER, spec.workers, spec.timeout_s)
+            for worker, msg in registers.items():
+                transport.connect(worker, msg.host, msg.port)  # type: ignore[attr-defined]
+            batches = load_batches(Path(spec.data_path)) if spec.data_path else []
+            owner = OwnerNode(spec.name, front, tail, adamw(partition_parameters(front, tail)))
+            scheduler = OwnerScheduler(
+                node=owner, transport=transport, control=control, workers=spec.workers,
+                weights=AdaptiveWeights(spec.weights or dict.fromkeys(spec.workers, 1.0), adaptive=False),
+                settings=settings,
+            )  # fmt: skip
+            counts = owner_window_counts(len(batches), spec.quota, spec.num_windows)
+            start = 0
+            for window_id, count in enumerate(counts):
+                scheduler.run_window(window_id, batches[start : start + count])
+                start += count
+            state = owner.state_dict()
+        else:
+            raise ConfigError(f"node spec role={spec.role!r}: owner or worker")
+        save_file(unshared(state), spec.out_path)
+    finally:
+        transport.close()
+        control.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    spec = NodeSpec.from_json(Path(args[0]).read_text())
+    try:
+        run_node(spec)
+    except SplitlabError as exc:
+        log.error("[%s:%s] %s: %s", spec.role, spec.name, type(exc).__name__, exc)
+        return int(exc.exit_code)
+    except Exception:
+        log.exception("[%s:%s] failed", spec.role, spec.name)
+        return int(ExitCode.ERROR)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
