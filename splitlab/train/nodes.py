@@ -98,7 +98,9 @@ class OwnerNode:
     def front_forward(self, microbatch: Hashable, batch: Batch) -> torch.Tensor:
         pad_mask = batch[PAD_MASK]
         front_out = self.front(batch[INPUT_IDS], pad_mask, positions_from_pad_mask(pad_mask))
-        check_finite_tensor(front_out, f"front output of owner {self.name!r}, microbatch {microbatch}")
+        check_finite_tensor(
+            front_out, f"front output of owner {self.name!r}, microbatch {microbatch}"
+        )
         sent = front_out.detach()
         self._live[microbatch] = (front_out, sent)
         self.num_samples += int(pad_mask.shape[0])
@@ -179,5 +181,7 @@ class WorkerNode:
         body_out.backward(grad_BTH)
         self.compute_s += self.clock() - start
         assert body_in.grad is not None
-        check_finite_tensor(body_in.grad, f"body gradient of worker {self.name!r}, microbatch {key}")
+        check_finite_tensor(
+            body_in.grad, f"body gradient of worker {self.name!r}, microbatch {key}"
+        )
         return body_in.grad
