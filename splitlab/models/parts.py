@@ -40,6 +40,13 @@ LOWRANK_IN = "lowrank_in"  # submodule of the decomposed projection on the sendi
 LOWRANK_OUT = "lowrank_out"  # ... and on the receiving side
 
 
+def crossing_names(cut: CutSpec | None) -> tuple[str, ...]:
+    """What crosses a boundary between parts: hidden_BTH, or the code (+ residual with keep)."""
+    if cut is None:
+        return (HIDDEN,)
+    return (CODE, RESIDUAL) if cut.keeps_residual else (CODE,)
+
+
 def _attach(root: nn.Module, path: str, module: nn.Module) -> None:
     """Register `module` under dotted `path`, creating empty containers along the way."""
     *parents, leaf = path.split(".")
@@ -108,18 +115,16 @@ class Part(PartGroup):
     @property
     def sends(self) -> tuple[str, ...]:
         """Names of the tensors `forward` returns to the next part (empty: it returns logits)."""
-        cut = self.span.code_out
-        if cut is not None:
-            return (CODE, RESIDUAL) if cut.keeps_residual else (CODE,)
-        return () if self.span.has_head else (HIDDEN,)
+        if self.span.has_head:
+            return ()
+        return crossing_names(self.span.code_out)
 
     @property
     def receives(self) -> tuple[str, ...]:
         """Names of the tensors `forward` takes from the previous part (empty: token ids)."""
-        cut = self.span.code_in
-        if cut is not None:
-            return (CODE, RESIDUAL) if cut.keeps_residual else (CODE,)
-        return () if self.span.has_embeddings else (HIDDEN,)
+        if self.span.has_embeddings:
+            return ()
+        return crossing_names(self.span.code_in)
 
     def forward(
         self,
