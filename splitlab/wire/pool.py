@@ -15,7 +15,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -61,14 +61,16 @@ class PoolStats:
         return dict(self.__dict__)
 
 
-@dataclass(eq=False)
 class Lease:
     """Buffers lent for one message; `release()` (idempotent) returns them to their pool."""
 
-    buffers: list[Buffer]
-    _pool: BufferPool | None = None
-    _released: bool = False
-    _before_release: list[Callable[[], None]] = field(default_factory=list)
+    __slots__ = ("buffers", "_pool", "_released", "_before_release")
+
+    def __init__(self, buffers: list[Buffer], _pool: BufferPool | None = None) -> None:
+        self.buffers = buffers
+        self._pool = _pool
+        self._released = False
+        self._before_release: list[Callable[[], None]] | None = None
 
     @property
     def tensors(self) -> list[torch.Tensor]:
@@ -80,6 +82,8 @@ class Lease:
 
     def on_release(self, hook: Callable[[], None]) -> None:
         """Run `hook` first on release (e.g. wait for a host-to-device copy to finish)."""
+        if self._before_release is None:
+            self._before_release = []
         self._before_release.append(hook)
 
     @property
@@ -90,8 +94,9 @@ class Lease:
         if self._released:
             return
         self._released = True
-        for hook in self._before_release:
-            hook()
+        if self._before_release is not None:
+            for hook in self._before_release:
+                hook()
         if self._pool is not None:
             self._pool._give_back(self.buffers)
 
@@ -117,29 +122,50 @@ class BufferPool:
         self.stats = PoolStats()
         self._free: OrderedDict[Key, list[Buffer]] = OrderedDict()  # LRU order: oldest first
         self._cond = threading.Condition()
+        self._waiting = 0  # leases blocked on a release (a release wakes them only if any)
 
     def lease(self, keys: Sequence[Key], *, timeout_s: float) -> Lease:
         """Lend one buffer per key; waits up to `timeout_s` for releases when over budget."""
+        if len(keys) == 1:  # the common case: one tensor whose buffer is free
+            with self._cond:
+                free = self._free.get(keys[0])
+                if free:
+                    buf = free.pop()
+                    self._free.move_to_end(keys[0])
+                    self._count_lease(buf.nbytes, hits=1)
+                    return Lease([buf], self)
         needed = sum(nbytes_of(d, s) for d, s in keys)
         if needed > self.pool_bytes:
             raise PoolExhaustedError(self.name, needed, self.pool_bytes, 0.0)
-        deadline = time.monotonic() + timeout_s
+        deadline = None
         with self._cond:
             while True:
                 got = self._try_take(keys)
                 if got is not None:
                     break
+                if deadline is None:
+                    deadline = time.monotonic() + timeout_s
                 left = deadline - time.monotonic()
                 if left <= 0:
                     self.stats.exhausted += 1
                     raise PoolExhaustedError(self.name, needed, self.pool_bytes, timeout_s)
-                self._cond.wait(left)
-            st = self.stats
-            st.leases_out += 1
-            st.leased_bytes += needed
-            st.peak_leases = max(st.peak_leases, st.leases_out)
-            st.peak_leased_bytes = max(st.peak_leased_bytes, st.leased_bytes)
+                self._waiting += 1
+                try:
+                    self._cond.wait(left)
+                finally:
+                    self._waiting -= 1
+            self._count_lease(needed)
         return Lease(got, self)
+
+    def _count_lease(self, nbytes: int, hits: int = 0) -> None:
+        st = self.stats
+        st.hits += hits
+        st.leases_out += 1
+        st.leased_bytes += nbytes
+        if st.leases_out > st.peak_leases:
+            st.peak_leases = st.leases_out
+        if st.leased_bytes > st.peak_leased_bytes:
+            st.peak_leased_bytes = st.leased_bytes
 
     def _try_take(self, keys: Sequence[Key]) -> list[Buffer] | None:
         # Count what must be allocated before touching the free lists, so a failed attempt
@@ -185,10 +211,17 @@ class BufferPool:
         return True
 
     def _give_back(self, buffers: list[Buffer]) -> None:
+        nbytes = 0
         with self._cond:
             for b in buffers:
-                self._free.setdefault(b.key, []).append(b)
-                self._free.move_to_end(b.key)
+                free = self._free.get(b.key)
+                if free is None:
+                    self._free[b.key] = [b]
+                else:
+                    free.append(b)
+                    self._free.move_to_end(b.key)
+                nbytes += b.nbytes
             self.stats.leases_out -= 1
-            self.stats.leased_bytes -= sum(b.nbytes for b in buffers)
-            self._cond.notify_all()
+            self.stats.leased_bytes -= nbytes
+            if self._waiting:
+                self._cond.notify_all()

@@ -1,0 +1,268 @@
+"""The JSON frame header: its types, a template encoder and a one-pass validating parser.
+
+Every frame carries `u32 big-endian length | UTF-8 JSON header (<= 16 KiB)` before its tensor
+bytes. The header is one JSON object: `v` (protocol version), `kind`, `lane`, `src`, `prio`,
+`ids` (routing), `meta` (free JSON) and `tensors`, a list of `{name, dtype, shape, bytes}`.
+Encoding fills a fixed template (string fields escaped by the json C helpers, `meta` and the
+routing ids through one reusable encoder), so a frame costs no dict building; parsing checks
+every field (version, kind, lane, src, ids, meta, dtype allow-list, rank 1..8, dimensions,
+byte counts, total size before any allocation) in one pass and raises a `FrameError` naming the
+field and value. The template and the parser are two views of one schema: the round-trip and
+fuzz tests in test_wire_frame.py hold them together.
+
+    .venv/bin/pytest tests/unit/test_wire_frame.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import cached_property
+from json.encoder import encode_basestring_ascii as _quote
+from typing import Any, NamedTuple
+
+import torch
+
+from splitlab.wire.errors import FrameError
+
+PROTOCOL_VERSION = 1
+MAX_HEADER_BYTES = 16 * 1024
+MAX_RANK = 8
+MAX_TENSORS = 64
+MAX_DIM = 1 << 40
+DEFAULT_MAX_FRAME_BYTES = 1 << 30
+PREFIX = struct.Struct(">I")
+_I64 = (-(1 << 63), (1 << 63) - 1)
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int8": torch.int8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
+_ITEMSIZE = {name: dt.itemsize for name, dt in DTYPES.items()}
+ROUTING_IDS = ("session", "window", "microbatch", "owner", "worker", "stage", "token")
+_INT_IDS = frozenset(ROUTING_IDS[1:])
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+_DECODER = json.JSONDecoder()
+
+
+class Lane(StrEnum):
+    """Separate sockets, queues and pools, so a full activation lane never blocks a gradient."""
+
+    ACTIVATION = "activation"
+    GRADIENT = "gradient"
+
+
+_LANES = {lane.value: lane for lane in Lane}
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Who and where a frame belongs to; any id may be None. `session` is a string."""
+
+    session: str | None = None
+    window: int | None = None
+    microbatch: int | None = None
+    owner: int | None = None
+    worker: int | None = None
+    stage: int | None = None
+    token: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k in ROUTING_IDS if (v := getattr(self, k)) is not None}
+
+    @cached_property
+    def ids_json(self) -> str:
+        """The `ids` object as JSON (computed once per Routing; senders reuse theirs)."""
+        return _ENCODER.encode(self.to_dict())
+
+
+class TensorSpec(NamedTuple):
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+
+    @property
+    def key(self) -> tuple[torch.dtype, tuple[int, ...]]:
+        return DTYPES[self.dtype], self.shape
+
+
+@dataclass(frozen=True)
+class FrameHeader:
+    """The JSON header; `tensors` is filled by `encode_frame` from the tensors it sends."""
+
+    kind: str
+    lane: Lane = Lane.ACTIVATION
+    routing: Routing = field(default_factory=Routing)
+    src: str | None = None
+    priority: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)
+    tensors: tuple[TensorSpec, ...] = ()
+    version: int = PROTOCOL_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "v": self.version,
+            "kind": self.kind,
+            "lane": self.lane.value,
+            "src": self.src,
+            "prio": self.priority,
+            "ids": self.routing.to_dict(),
+            "meta": self.meta,
+            "tensors": [
+                {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "bytes": t.nbytes}
+                for t in self.tensors
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> FrameHeader:
+        """Validate a decoded JSON header; unknown top-level fields are tolerated."""
+        return _validate(d, max_frame_bytes)
+
+
+def encode_header(kind: str, lane: Lane, routing: Routing, src: str | None, priority: int,
+                  meta: dict[str, Any] | None, specs: list[TensorSpec]) -> bytes:  # fmt: skip
+    """`u32 length | JSON header` for these fields (what `FrameHeader.to_dict` would give)."""
+    lane_name = _LANES.get(lane) if isinstance(lane, str) else None
+    if lane_name is None:
+        raise FrameError("lane", lane, f"must be one of {[x.value for x in Lane]}")
+    try:
+        src_json = "null" if src is None else _quote(src)
+        prio_json = priority if type(priority) is int else _ENCODER.encode(priority)
+        meta_json = _ENCODER.encode(meta) if meta else "{}"
+        parts = [
+            f'{{"v":{PROTOCOL_VERSION},"kind":{_quote(kind)},"lane":"{lane_name.value}",'
+            f'"src":{src_json},"prio":{prio_json},"ids":{routing.ids_json},"meta":{meta_json},'
+            '"tensors":['
+        ]
+        for i, s in enumerate(specs):
+            shape = ",".join([str(d) for d in s.shape])
+            sep = "," if i else ""
+            parts.append(f'{sep}{{"name":{_quote(s.name)},"dtype":"{s.dtype}","shape":[{shape}],'
+                         f'"bytes":{s.nbytes}}}')  # fmt: skip
+    except (TypeError, ValueError) as exc:  # a non-string name/kind, a NaN or an object in meta
+        raise FrameError("header", kind, f"not encodable as the JSON header: {exc}") from None
+    parts.append("]}")
+    text = "".join(parts).encode()
+    if len(text) > MAX_HEADER_BYTES:
+        raise FrameError("header_bytes", len(text), f"header over {MAX_HEADER_BYTES} bytes")
+    return PREFIX.pack(len(text)) + text
+
+
+def parse_header(text: bytes | bytearray | memoryview, *,
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> FrameHeader:  # fmt: skip
+    """Decode and validate the JSON header bytes (without the length prefix)."""
+    try:
+        s = str(text, "utf-8")
+        try:  # the C scanner directly; json.loads handles (and words) everything else
+            obj, end = _DECODER.scan_once(s, 0)
+            if end != len(s):
+                raise StopIteration(end)
+        except StopIteration:
+            obj = json.loads(s)
+    except (ValueError, RecursionError) as exc:  # JSON, UTF-8 and int-digit errors are ValueErrors
+        raise FrameError("header", bytes(text[:40]), f"not valid JSON: {exc}") from None
+    return _validate(obj, max_frame_bytes)
+
+
+def _validate(d: Any, max_frame_bytes: int) -> FrameHeader:
+    if type(d) is not dict:
+        raise FrameError("header", type(d).__name__, "must be a JSON object")
+    if d.get("v") != PROTOCOL_VERSION or type(d.get("v")) is not int:
+        raise FrameError("v", d.get("v"), f"protocol version must be {PROTOCOL_VERSION}")
+    kind = d.get("kind")
+    if type(kind) is not str or not 0 < len(kind) <= 64:
+        raise FrameError("kind", kind, "must be a string of 1..64 characters")
+    lane = d.get("lane")
+    lane = _LANES.get(lane) if type(lane) is str else None
+    if lane is None:
+        raise FrameError("lane", d.get("lane"), f"must be one of {[x.value for x in Lane]}")
+    src = d.get("src")
+    if src is not None and (type(src) is not str or len(src) > 256):
+        raise FrameError("src", src, "must be null or a string of <= 256 characters")
+    prio = d.get("prio", 0)
+    if type(prio) is not int or not _I64[0] <= prio <= _I64[1]:
+        raise FrameError("prio", prio, f"must be an integer in [{_I64[0]}, {_I64[1]}]")
+    meta = d.get("meta", {})
+    if type(meta) is not dict:
+        raise FrameError("meta", meta, "must be a JSON object")
+    return FrameHeader(kind, lane, _routing(d.get("ids", {})), src, prio, meta,
+                       _tensor_specs(d.get("tensors"), max_frame_bytes))  # fmt: skip
+
+
+_NO_ROUTING = Routing()
+
+
+def _routing(ids: Any) -> Routing:
+    if type(ids) is not dict:
+        raise FrameError("ids", ids, "must be a JSON object")
+    if not ids:
+        return _NO_ROUTING
+    values: dict[str, Any] = {}
+    for name, v in ids.items():  # unknown ids are tolerated and dropped
+        if v is None:
+            continue
+        if name == "session":
+            if type(v) is not str or len(v) > 256:
+                raise FrameError("ids.session", v, "must be null or a string of <= 256 characters")
+        elif name in _INT_IDS:
+            if type(v) is not int or not _I64[0] <= v <= _I64[1]:
+                raise FrameError(f"ids.{name}", v, f"must be an integer in [{_I64[0]}, {_I64[1]}]")
+        else:
+            continue
+        values[name] = v
+    return Routing(**values)
+
+
+def _tensor_specs(items: Any, max_frame_bytes: int) -> tuple[TensorSpec, ...]:
+    if type(items) is not list or len(items) > MAX_TENSORS:
+        raise FrameError("tensors", items, f"must be a list of at most {MAX_TENSORS} entries")
+    specs: list[TensorSpec] = []
+    names: set[str] = set()
+    total = 0
+    for i, item in enumerate(items):
+        if type(item) is not dict:
+            raise FrameError(f"tensors[{i}]", item, "must be a JSON object")
+        name, dtype, shape = item.get("name"), item.get("dtype"), item.get("shape")
+        if type(name) is not str or not 0 < len(name) <= 128:
+            raise FrameError(f"tensors[{i}].name", name, "must be a string of 1..128 characters")
+        if name in names:
+            raise FrameError(f"tensors[{i}].name", name, "duplicate tensor name")
+        itemsize = _ITEMSIZE.get(dtype) if type(dtype) is str else None  # type: ignore[arg-type]
+        if itemsize is None:
+            raise FrameError(
+                f"tensors[{i}].dtype", dtype, f"not in the allow-list {sorted(DTYPES)}"
+            )
+        if type(shape) is not list or not 1 <= len(shape) <= MAX_RANK:
+            raise FrameError(f"tensors[{i}].shape", shape, f"must be a list of 1..{MAX_RANK} dims")
+        expected = itemsize
+        for d in shape:
+            if type(d) is not int or not 0 <= d <= MAX_DIM:
+                raise FrameError(f"tensors[{i}].shape", d, f"must be an integer in [0, {MAX_DIM}]")
+            expected *= d
+        nbytes = item.get("bytes")
+        if nbytes != expected or type(nbytes) is not int:
+            raise FrameError(
+                f"tensors[{i}].bytes", nbytes, f"{dtype}{shape} takes {expected} bytes"
+            )
+        total += expected
+        if total > max_frame_bytes:
+            raise FrameError(
+                "tensors", total, f"frame payload over max_frame_bytes={max_frame_bytes}"
+            )
+        names.add(name)
+        specs.append(TensorSpec(name, dtype, tuple(shape), expected))
+    return tuple(specs)
