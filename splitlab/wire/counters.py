@@ -23,21 +23,26 @@ class WireCounters:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._values: dict[str, float] = {}
+        self._keys: dict[Lane, tuple[str, str, str, str]] = {}
         for lane in Lane:
-            for name in ("frames_sent", "bytes_sent", "frames_recv", "bytes_recv"):
-                self._values[f"{lane.value}.{name}"] = 0
+            names = ("frames_sent", "bytes_sent", "frames_recv", "bytes_recv")
+            self._keys[lane] = tuple(f"{lane.value}.{name}" for name in names)  # type: ignore[assignment]
+            for key in self._keys[lane]:
+                self._values[key] = 0
         for name in ("d2h_ms", "h2d_ms", "auth_ok", "auth_refused", "peers_lost"):
             self._values[name] = 0
 
     def sent(self, lane: Lane, nbytes: int) -> None:
+        frames, sent, _, _ = self._keys[lane]
         with self._lock:
-            self._values[f"{lane.value}.frames_sent"] += 1
-            self._values[f"{lane.value}.bytes_sent"] += nbytes
+            self._values[frames] += 1
+            self._values[sent] += nbytes
 
     def received(self, lane: Lane, nbytes: int) -> None:
+        _, _, frames, got = self._keys[lane]
         with self._lock:
-            self._values[f"{lane.value}.frames_recv"] += 1
-            self._values[f"{lane.value}.bytes_recv"] += nbytes
+            self._values[frames] += 1
+            self._values[got] += nbytes
 
     def add(self, name: str, amount: float = 1) -> None:
         with self._lock:

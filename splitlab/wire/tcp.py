@@ -1,35 +1,30 @@
 """TCP tensor transport: persistent authenticated connections, one socket per (peer, lane).
 
-Sending: each connection has a priority queue (lowest value first, FIFO within a value) and a
-sender thread. A frame (up to `inline_max_bytes`) on an idle connection is written straight from
-the caller's thread, waiting for socket space up to `timeout_s` like a raw `sendall` (the sender
-thread takes over whatever is left), so an uncontended lane pays no thread hand-off. Frames that
-find the lane busy, and frames staged from CUDA, go through the queue, which is bounded
-(`send_queue_frames`): `send` waits up to `timeout_s` for room, then raises WaitTimeoutError.
-Set `inline_max_bytes=0` to always return at once and let the sender thread write.
-Frames leave as one `sendmsg` of memoryviews of the header and the tensor storage (no copies).
-
-Receiving is pulled by the caller: `recv` reads the next frame of a lane straight from a ready
-socket into a pooled buffer (`recv_into`, no receive thread hand-off). The lane's own sockets,
-kernel buffers, send queues and pool are the receive queue, so a lane that nobody drains
-fills up and pushes back on its senders without touching the other lane. A closed or reset
-peer raises PeerLostError naming it; every wait is bounded.
+Each process listens once; `connect` opens one socket per lane to a peer and authenticates it
+(auth.py); accepted sockets are authenticated on a helper thread. Sockets run with TCP_NODELAY,
+a receive timeout of `stall_timeout_s` (a peer that stalls mid-frame is dropped) and a send
+timeout per call. Sending (tcp_conn.py): a frame on an idle lane is written from the caller's
+thread with one `sendmsg` of header and tensor views (no copies, no thread hand-off); a busy
+lane queues it by priority (backward before forward) in a bounded queue drained by a sender
+thread. Frames up to `inline_max_bytes` may go inline; `inline_max_bytes=0` always queues, so
+`send` returns at once. Receiving is pulled by the caller: `recv` reads the next frame of a
+lane from a ready socket through its read-ahead buffer into a pooled buffer (tcp_reader.py),
+waiting with `poll` only when nothing is buffered. The lane's own sockets, kernel buffers, send
+queues and pool are the receive queue, so a lane that nobody drains fills up and pushes back on
+its senders without touching the other lane. A closed or reset peer raises PeerLostError
+naming it; every wait is bounded.
 
     .venv/bin/pytest tests/integration/test_wire_tcp.py -q
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 import select
 import socket
-import struct
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -37,7 +32,7 @@ import torch
 from splitlab.errors import PeerLostError, ProtocolError, WaitTimeoutError
 from splitlab.telemetry.trace import Tracer
 from splitlab.wire.auth import ReplayGuard, client_handshake, server_handshake
-from splitlab.wire.base import DEFAULT_TIMEOUT_S, SENT, Message, Priority, SendTicket, Transport
+from splitlab.wire.base import DEFAULT_TIMEOUT_S, Message, Priority, SendTicket, Transport
 from splitlab.wire.counters import WireCounters
 from splitlab.wire.endpoint import WILDCARDS, listen
 from splitlab.wire.errors import (
@@ -46,227 +41,13 @@ from splitlab.wire.errors import (
     PoolExhaustedError,
     TruncatedFrameError,
 )
-from splitlab.wire.frame import (
-    MAX_HEADER_BYTES,
-    PREFIX,
-    FrameHeader,
-    Lane,
-    Routing,
-    encode_frame,
-    read_header,
-    read_payload,
-)
-from splitlab.wire.pool import BufferPool, Lease
+from splitlab.wire.frame import Lane, Routing, encode_parts
+from splitlab.wire.pool import BufferPool
 from splitlab.wire.staging import Pinned, Stager
+from splitlab.wire.tcp_conn import Connection, shutdown, timeval
+from splitlab.wire.tcp_reader import WAIT_SLICE_S, FrameReader
 
 log = logging.getLogger(__name__)
-
-_CARRY = -(1 << 62)  # priority of a frame's unsent remainder: it must go out before anything
-
-
-def send_views(
-    sock: socket.socket, views: list[memoryview], *, nonblocking: bool
-) -> list[memoryview]:
-    """`sendmsg` until done (or until the socket would block); returns what is left unsent."""
-    views = [v for v in views if v.nbytes]
-    flags = socket.MSG_DONTWAIT if nonblocking else 0
-    while views:
-        try:
-            n = sock.sendmsg(views, (), flags)
-        except BlockingIOError:
-            return views
-        while n:
-            if n >= views[0].nbytes:
-                n -= views[0].nbytes
-                views.pop(0)
-            else:
-                views[0] = views[0].cast("B")[n:]
-                n = 0
-    return views
-
-
-@dataclass(eq=False)
-class _Job:
-    views: list[memoryview]
-    nbytes: int
-    ticket: SendTicket
-    wait: Callable[[], None] | None = None
-    staging: Lease | None = None
-
-    def finish(self, error: BaseException | None = None) -> None:
-        if self.staging is not None:
-            self.staging.release()
-        self.ticket.finish(error)
-
-
-class _Conn:
-    """One authenticated socket to one peer on one lane, with its sender queue and thread."""
-
-    def __init__(self, peer: str, lane: Lane, sock: socket.socket, *, max_queued: int,
-                 counters: WireCounters, on_lost: Callable[[_Conn], None]) -> None:  # fmt: skip
-        self.peer, self.lane, self.sock = peer, lane, sock
-        self.fd = sock.fileno()
-        self.max_queued, self.counters, self.on_lost = max_queued, counters, on_lost
-        self.scratch = bytearray(4 + MAX_HEADER_BYTES)
-        self.prefix_view = memoryview(self.scratch)[:4]
-        self.read_lock = threading.Lock()
-        self.pending_header: FrameHeader | None = None  # header read, payload not (pool full)
-        self.error: PeerLostError | ProtocolError | None = None
-        self._cond = threading.Condition()
-        self._heap: list[tuple[int, int, _Job]] = []
-        self._seq = itertools.count()
-        self._busy = False
-        self._stopping = False
-        self._thread: threading.Thread | None = None
-
-    # ---- sending ----
-    def submit(self, views: list[memoryview], nbytes: int, priority: int, *, timeout_s: float,
-               inline: bool, wait: Callable[[], None] | None = None,
-               staging: Lease | None = None) -> SendTicket:  # fmt: skip
-        with self._cond:
-            if self.error is not None:
-                raise self.error
-            if inline and not self._heap and not self._busy:
-                self._busy = True
-            else:
-                return self._enqueue(
-                    _Job(views, nbytes, SendTicket(), wait, staging), priority, timeout_s
-                )
-        try:
-            rest = self._write_inline(views, timeout_s)
-        except OSError as exc:
-            with self._cond:
-                self._busy = False
-            raise self.lost(exc) from None
-        with self._cond:
-            self._busy = False
-            if not rest:
-                if self._heap:
-                    self._cond.notify_all()
-                self.counters.sent(self.lane, nbytes)
-                return SENT
-            job = _Job(rest, nbytes, SendTicket())
-            heapq.heappush(self._heap, (_CARRY, next(self._seq), job))
-            self._start_thread()
-            self._cond.notify_all()
-            return job.ticket
-
-    def _write_inline(self, views: list[memoryview], timeout_s: float) -> list[memoryview]:
-        """Write from the caller's thread, waiting for buffer space up to timeout_s (no thread
-        hand-off, like a raw `sendall`); returns the unsent rest for the sender thread."""
-        rest = send_views(self.sock, views, nonblocking=True)
-        if rest:
-            deadline = time.monotonic() + timeout_s
-            poller = select.poll()
-            poller.register(self.fd, select.POLLOUT)
-            while rest:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                poller.poll(left * 1e3)
-                rest = send_views(self.sock, rest, nonblocking=True)
-        return rest
-
-    def _enqueue(self, job: _Job, priority: int, timeout_s: float) -> SendTicket:
-        deadline = time.monotonic() + timeout_s
-        while len(self._heap) >= self.max_queued and self.error is None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise WaitTimeoutError(
-                    f"send to {self.peer!r}: {self.lane.value} lane queue full "
-                    f"({self.max_queued} frames) for timeout_s={timeout_s}"
-                )
-            self._cond.wait(left)
-        if self.error is not None:
-            raise self.error
-        heapq.heappush(self._heap, (priority, next(self._seq), job))
-        self._start_thread()
-        self._cond.notify_all()
-        return job.ticket
-
-    def _start_thread(self) -> None:
-        if self._thread is None:
-            name = f"wire-send-{self.peer}-{self.lane.value}"
-            self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-            self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while (not self._heap or self._busy) and not self._stopping and self.error is None:
-                    self._cond.wait()
-                if self.error is not None or not self._heap:
-                    return
-                _, _, job = heapq.heappop(self._heap)
-                self._busy = True
-                self._cond.notify_all()
-            try:
-                if job.wait is not None:
-                    job.wait()
-                send_views(self.sock, job.views, nonblocking=False)
-            except OSError as exc:
-                job.finish(self.lost(exc))
-                return
-            except BaseException as exc:  # a failed device copy fails this frame only
-                job.finish(exc)
-            else:
-                self.counters.sent(self.lane, job.nbytes)
-                job.finish()
-            with self._cond:
-                self._busy = False
-                self._cond.notify_all()
-
-    # ---- failure and shutdown ----
-    def lost(self, exc: BaseException) -> PeerLostError | ProtocolError:
-        """Mark the connection dead (once), fail queued sends, and return the error to raise."""
-        with self._cond:
-            if self.error is None:
-                if isinstance(exc, ProtocolError) and not isinstance(exc, TruncatedFrameError):
-                    self.error = exc
-                else:
-                    self.error = PeerLostError(
-                        f"peer {self.peer!r} lost on the {self.lane.value} lane: "
-                        f"{type(exc).__name__}: {exc}"
-                    )
-                pending, self._heap = self._heap, []
-                self._cond.notify_all()
-            else:
-                pending = []
-            error = self.error
-        for _, _, job in pending:
-            job.finish(error)
-        _shutdown(self.sock)
-        self.on_lost(self)
-        return error
-
-    def drain(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while (self._heap or self._busy) and self.error is None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return
-                self._cond.wait(left)
-
-    def close(self) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        _shutdown(self.sock)
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        with self._cond:
-            pending, self._heap = self._heap, []
-        for _, _, job in pending:
-            job.finish(PeerLostError(f"transport closed before sending to {self.peer!r}"))
-        self.sock.close()
-
-
-def _shutdown(sock: socket.socket) -> None:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
 
 
 class TcpTransport(Transport):
@@ -315,7 +96,10 @@ class TcpTransport(Transport):
         self._guard = ReplayGuard()
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
-        self._conns: dict[Lane, list[_Conn]] = {lane: [] for lane in Lane}
+        self._conns: dict[Lane, list[Connection]] = {lane: [] for lane in Lane}
+        # Read without the lock on the hot path; rebuilt under it whenever connections change.
+        self._send_to: dict[tuple[str, Lane], Connection] = {}
+        self._by_lane: dict[Lane, tuple[Connection, ...]] = {lane: () for lane in Lane}
         self._lost: dict[str, str] = {}
         self._unreported: dict[Lane, list[str]] = {lane: [] for lane in Lane}
         self._wake = {lane: socket.socketpair() for lane in Lane}
@@ -388,25 +172,34 @@ class TcpTransport(Transport):
     def _register(self, peer: str, lane: Lane, sock: socket.socket) -> None:
         sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        secs = int(self.stall_timeout_s)
-        usecs = int((self.stall_timeout_s - secs) * 1e6)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", secs, usecs))
-        conn = _Conn(peer, lane, sock, max_queued=self.send_queue_frames,
-                     counters=self._counters, on_lost=self._forget)  # fmt: skip
+        slice_s = min(WAIT_SLICE_S, self.stall_timeout_s)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval(slice_s))
+        reader = FrameReader(sock, max_frame_bytes=self.max_frame_bytes,
+                             check_finite=self.check_finite,
+                             stall_timeout_s=self.stall_timeout_s)  # fmt: skip
+        conn = Connection(peer, lane, sock, max_queued=self.send_queue_frames, reader=reader,
+                          counters=self._counters, on_lost=self._forget)  # fmt: skip
         with self._cond:
             if self._closed:
                 sock.close()
                 return
             self._conns[lane].append(conn)
             self._lost.pop(peer, None)
+            self._reindex()
             self._cond.notify_all()
         self._counters.add("auth_ok")
         self._wake[lane][1].send(b"\0")
 
-    def _forget(self, conn: _Conn) -> None:
+    def _reindex(self) -> None:
+        """Rebuild the lock-free lookups (caller holds the lock); the newest socket wins."""
+        self._send_to = {(c.peer, c.lane): c for cs in self._conns.values() for c in cs}
+        self._by_lane = {lane: tuple(cs) for lane, cs in self._conns.items()}
+
+    def _forget(self, conn: Connection) -> None:
         with self._cond:
             if conn in self._conns[conn.lane]:
                 self._conns[conn.lane].remove(conn)
+                self._reindex()
                 why = str(conn.error)
                 if not isinstance(conn.error, PeerLostError):
                     why = f"peer {conn.peer!r} dropped on the {conn.lane.value} lane: {why}"
@@ -419,7 +212,7 @@ class TcpTransport(Transport):
         except OSError:
             pass
 
-    def _send_conn(self, peer: str, lane: Lane, timeout_s: float) -> _Conn:
+    def _send_conn(self, peer: str, lane: Lane, timeout_s: float) -> Connection:
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while True:
@@ -451,17 +244,20 @@ class TcpTransport(Transport):
         priority: int = Priority.FORWARD,
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> SendTicket:
-        conn = self._send_conn(peer_id, lane, timeout_s)
+        conn = self._send_to.get((peer_id, lane))
+        if conn is None or conn.error is not None:
+            conn = self._send_conn(peer_id, lane, timeout_s)
         wait = staging = None
-        if any(t.is_cuda for t in tensors.values()):
-            tensors, wait, staging = self._stager.to_host(tensors, timeout_s=timeout_s)
-        header = FrameHeader(
-            kind=kind, lane=lane, routing=routing or self._routing, src=self.peer_id,
-            priority=int(priority), meta=meta or {},
-        )  # fmt: skip
+        for t in tensors.values():
+            if t.is_cuda:
+                tensors, wait, staging = self._stager.to_host(tensors, timeout_s=timeout_s)
+                break
         try:
-            views = encode_frame(header, tensors)
-            nbytes = sum(v.nbytes for v in views)
+            views = encode_parts(kind, lane, routing or self._routing, self.peer_id, int(priority),
+                                 meta, tensors)  # fmt: skip
+            nbytes = 0
+            for v in views:
+                nbytes += v.nbytes
             inline = wait is None and nbytes <= self.inline_max_bytes
             return conn.submit(views, nbytes, int(priority), timeout_s=timeout_s, inline=inline,
                                wait=wait, staging=staging)  # fmt: skip
@@ -474,65 +270,76 @@ class TcpTransport(Transport):
         self, lane: Lane, *, timeout_s: float = DEFAULT_TIMEOUT_S, peer_id: str | None = None
     ) -> Message:
         deadline = time.monotonic() + timeout_s
-        wake = self._wake[lane][0]
         while True:
             conns = self._recv_conns(lane, peer_id)
+            # The lane's only socket: wait in its recv, one slice at a time (no poll, no wake-up
+            # hand-off); a peer connecting meanwhile is seen within a slice.
+            block = len(self._by_lane[lane]) == 1 and deadline - time.monotonic() > WAIT_SLICE_S
             for conn in conns:
                 if conn.read_lock.acquire(blocking=False):
                     try:
-                        msg = self._read(conn, max(deadline - time.monotonic(), 0.0))
+                        msg = self._read(conn, deadline, block)
                     finally:
                         conn.read_lock.release()
                     if msg is not None:
                         return msg
+                    if block:
+                        break
+            else:
+                block = False
             left = deadline - time.monotonic()
             if left <= 0:
                 src = f" from {peer_id!r}" if peer_id else ""
                 raise WaitTimeoutError(f"no {lane.value} frame{src} within timeout_s={timeout_s}")
-            poller = select.poll()
-            poller.register(wake, select.POLLIN)
-            for conn in conns:
-                poller.register(conn.fd, select.POLLIN)
-            if any(fd == wake.fileno() for fd, _ in poller.poll(left * 1e3)):
+            if not block:
+                self._wait_readable(lane, conns, left)
+
+    def _wait_readable(self, lane: Lane, conns: tuple[Connection, ...], left_s: float) -> None:
+        """Sleep until a socket of `conns` is readable or the lane's connections change."""
+        wake = self._wake[lane][0]
+        poller = select.poll()
+        poller.register(wake, select.POLLIN)
+        for conn in conns:
+            if conn.reader.buffered:
+                return  # another reader left a frame in the read-ahead buffer: look again
+            poller.register(conn.fd, select.POLLIN)
+        for fd, _ in poller.poll(left_s * 1e3):
+            if fd == wake.fileno():
                 try:
                     wake.recv(4096)
                 except BlockingIOError:
                     pass
 
-    def _recv_conns(self, lane: Lane, peer: str | None) -> list[_Conn]:
+    def _recv_conns(self, lane: Lane, peer: str | None) -> tuple[Connection, ...]:
+        conns = self._by_lane[lane]
+        if self._closed or self._unreported[lane] or len(conns) > 1 or (peer and not conns):
+            return self._recv_conns_slow(lane, peer)
+        if peer is not None and conns and conns[0].peer != peer:
+            return self._recv_conns_slow(lane, peer)
+        return conns
+
+    def _recv_conns_slow(self, lane: Lane, peer: str | None) -> tuple[Connection, ...]:
         with self._cond:
             if self._closed:
                 raise PeerLostError(f"transport of {self.peer_id!r} is closed")
-            conns = [c for c in self._conns[lane] if peer is None or c.peer == peer]
+            conns = tuple(c for c in self._conns[lane] if peer is None or c.peer == peer)
             if peer is not None and not conns and peer in self._lost:
                 raise PeerLostError(self._lost[peer])
             if peer is None and self._unreported[lane]:
                 raise PeerLostError(self._unreported[lane].pop(0))
-            if len(conns) > 1:  # rotate so one busy peer cannot starve the others
+            if len(self._conns[lane]) > 1:  # rotate so one busy peer cannot starve the others
                 self._conns[lane].append(self._conns[lane].pop(0))
+                self._reindex()
             return conns
 
-    def _read(self, conn: _Conn, timeout_s: float) -> Message | None:
-        """One frame from `conn`, or None when nothing is waiting. Caller holds read_lock."""
-        sock, header = conn.sock, conn.pending_header
+    def _read(self, conn: Connection, deadline: float, block: bool) -> Message | None:
+        """One frame from `conn`, or None when nothing came (at once, or within a slice when
+        `block`). Caller holds read_lock."""
         try:
-            if header is None:
-                try:
-                    have = sock.recv_into(conn.prefix_view, 4, socket.MSG_DONTWAIT)
-                except BlockingIOError:
-                    return None
-                if have == 0:
-                    raise TruncatedFrameError("prefix", 0, "connection closed by the peer")
-                header = read_header(sock.recv_into, conn.scratch, max_frame_bytes=self.max_frame_bytes,
-                                     have_bytes=have)  # fmt: skip
-                conn.pending_header = header
-            tensors, lease = read_payload(sock.recv_into, header, pool=self._pools[conn.lane.value],
-                                          timeout_s=timeout_s, check_finite=self.check_finite)  # fmt: skip
-        except PoolExhaustedError:
-            raise  # the header stays pending; the next recv resumes with its payload
-        except NonFiniteFrameError:
-            conn.pending_header = None  # the frame was read whole: the stream is still in step
-            raise
+            got = conn.reader.read(self._pools[conn.lane.value], block=block,
+                                   timeout_s=max(deadline - time.monotonic(), 0.0))  # fmt: skip
+        except (PoolExhaustedError, NonFiniteFrameError):
+            raise  # pool full: the header stays pending; non-finite: the stream is in step
         except TruncatedFrameError as exc:
             raise self._lose(conn, exc) from None
         except FrameError as exc:
@@ -540,12 +347,13 @@ class TcpTransport(Transport):
             raise
         except OSError as exc:
             raise self._lose(conn, exc) from None
-        conn.pending_header = None
-        (hlen,) = PREFIX.unpack_from(conn.scratch)
-        self._counters.received(conn.lane, 4 + hlen + lease.nbytes)
+        if got is None:
+            return None
+        header, tensors, lease, nbytes = got
+        self._counters.received(conn.lane, nbytes)
         return Message(header, tensors, lease, conn.peer)
 
-    def _lose(self, conn: _Conn, exc: BaseException) -> BaseException:
+    def _lose(self, conn: Connection, exc: BaseException) -> BaseException:
         if isinstance(exc, BlockingIOError):
             exc = TimeoutError(f"stalled mid-frame for stall_timeout_s={self.stall_timeout_s}")
         error = conn.lost(exc)
@@ -591,7 +399,7 @@ class TcpTransport(Transport):
             for cs in self._conns.values():
                 cs.clear()
             self._cond.notify_all()
-        _shutdown(self._listener)
+        shutdown(self._listener)
         self._listener.close()
         self._accepter.join(timeout=5)
         for conn in conns:

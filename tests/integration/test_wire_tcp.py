@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -182,3 +183,28 @@ def test_counters_reach_the_trace_on_close(tmp_path: Path) -> None:
     a.tracer.close()
     records = [json.loads(line) for line in (tmp_path / "a.jsonl").read_text().splitlines()]
     assert records[-1]["kind"] == "transport" and records[-1]["gradient.frames_sent"] == 1
+
+
+def test_recv_waiting_on_the_only_socket_still_serves_a_peer_that_connects_later() -> None:
+    a = tcp_transport("a", "127.0.0.2")
+    b = tcp_transport("b", "127.0.0.3")
+    c = tcp_transport("c", "127.0.0.4")
+    got: list[tuple[str, float]] = []
+    try:
+        a.connect("b", *b.address, timeout_s=5)
+
+        def wait() -> None:
+            with b.recv(Lane.ACTIVATION, timeout_s=5) as msg:
+                got.append((msg.peer, time.monotonic()))
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        time.sleep(0.1)  # b now waits inside a's socket
+        c.connect("b", *b.address, timeout_s=5)
+        sent_at = time.monotonic()
+        c.send("b", Lane.ACTIVATION, "late", {"x": torch.ones(3)}).wait(5)
+        waiter.join(timeout=5)
+        assert got and got[0][0] == "c" and got[0][1] - sent_at < 1.0
+    finally:
+        for t in (a, b, c):
+            t.close(drain_timeout_s=0)

@@ -1,0 +1,237 @@
+"""One authenticated TCP socket to one peer on one lane: its send queue, sender thread and reader.
+
+Sending: a frame on an idle connection is written straight from the caller's thread with one
+blocking `sendmsg` of [prefix+header, tensor views] that waits for socket space up to
+`timeout_s` (SO_SNDTIMEO, like a raw `sendall` with a deadline); whatever is left unsent goes to
+the sender thread ahead of everything else. Frames that find the lane busy, and frames staged
+from CUDA, go through a priority queue (lowest value first, FIFO within a value; backward
+before forward) bounded at `max_queued` frames: `submit` waits up to `timeout_s` for room, then
+raises WaitTimeoutError. The sender thread starts on first use.
+
+Receiving is the caller's (see tcp.py): the `FrameReader` here holds the read-ahead buffer and
+`read_lock` makes one reader at a time. A send or read error marks the connection lost once,
+fails its queued sends with PeerLostError naming the peer, and tells the transport.
+
+    .venv/bin/pytest tests/integration/test_wire_tcp.py -q
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+
+from splitlab.errors import PeerLostError, ProtocolError, WaitTimeoutError
+from splitlab.wire.base import SENT, SendTicket
+from splitlab.wire.counters import WireCounters
+from splitlab.wire.errors import TruncatedFrameError
+from splitlab.wire.frame import Lane
+from splitlab.wire.pool import Lease
+from splitlab.wire.tcp_reader import FrameReader
+
+_CARRY = -(1 << 62)  # priority of a frame's unsent remainder: it must go out before anything
+
+
+def timeval(seconds: float) -> bytes:
+    """A `struct timeval` for SO_RCVTIMEO / SO_SNDTIMEO (0 would mean "wait forever")."""
+    secs = int(seconds)
+    usecs = max(int((seconds - secs) * 1e6), 0 if secs else 1)
+    return struct.pack("ll", secs, usecs)
+
+
+def send_views(
+    sock: socket.socket, views: list[memoryview], *, deadline: float | None = None
+) -> list[memoryview]:
+    """Blocking `sendmsg` until done, until the socket's send timeout passes with no room, or
+    (after a partial write) past `deadline`; returns what is left unsent, in order."""
+    while views:
+        try:
+            n = sock.sendmsg(views)
+        except BlockingIOError:  # SO_SNDTIMEO passed with no room at all
+            return views
+        while n:
+            first = views[0]
+            if n >= first.nbytes:
+                n -= first.nbytes
+                views = views[1:]
+            else:
+                views = [first[n:], *views[1:]]
+                n = 0
+        if views and deadline is not None and time.monotonic() >= deadline:
+            return views
+    return views
+
+
+class _Job:
+    __slots__ = ("views", "nbytes", "ticket", "wait", "staging")
+
+    def __init__(self, views: list[memoryview], nbytes: int, ticket: SendTicket,
+                 wait: Callable[[], None] | None = None, staging: Lease | None = None) -> None:  # fmt: skip
+        self.views, self.nbytes, self.ticket = views, nbytes, ticket
+        self.wait, self.staging = wait, staging
+
+    def finish(self, error: BaseException | None = None) -> None:
+        if self.staging is not None:
+            self.staging.release()
+        self.ticket.finish(error)
+
+
+class Connection:
+    """See module docstring."""
+
+    def __init__(self, peer: str, lane: Lane, sock: socket.socket, *, max_queued: int,
+                 reader: FrameReader, counters: WireCounters,
+                 on_lost: Callable[[Connection], None]) -> None:  # fmt: skip
+        self.peer, self.lane, self.sock, self.reader = peer, lane, sock, reader
+        self.fd = sock.fileno()
+        self.max_queued, self.counters, self.on_lost = max_queued, counters, on_lost
+        self.read_lock = threading.Lock()
+        self.error: PeerLostError | ProtocolError | None = None
+        self._send_timeout_s: float | None = None
+        self._cond = threading.Condition()
+        self._heap: list[tuple[int, int, _Job]] = []
+        self._seq = itertools.count()
+        self._busy = False
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    # ---- sending ----
+    def submit(self, views: list[memoryview], nbytes: int, priority: int, *, timeout_s: float,
+               inline: bool, wait: Callable[[], None] | None = None,
+               staging: Lease | None = None) -> SendTicket:  # fmt: skip
+        with self._cond:
+            if self.error is not None:
+                raise self.error
+            if not inline or self._heap or self._busy:
+                return self._enqueue(
+                    _Job(views, nbytes, SendTicket(), wait, staging), priority, timeout_s
+                )
+            self._busy = True
+        try:
+            if timeout_s != self._send_timeout_s:
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval(timeout_s))
+                self._send_timeout_s = timeout_s
+            rest = send_views(self.sock, views, deadline=time.monotonic() + timeout_s)
+        except OSError as exc:
+            with self._cond:
+                self._busy = False
+            raise self.lost(exc) from None
+        with self._cond:
+            self._busy = False
+            if not rest:
+                self.counters.sent(self.lane, nbytes)
+                if self._heap:
+                    self._cond.notify_all()
+                return SENT
+            job = _Job(rest, nbytes, SendTicket())
+            heapq.heappush(self._heap, (_CARRY, next(self._seq), job))
+            self._start_thread()
+            self._cond.notify_all()
+            return job.ticket
+
+    def _enqueue(self, job: _Job, priority: int, timeout_s: float) -> SendTicket:
+        deadline = time.monotonic() + timeout_s
+        while len(self._heap) >= self.max_queued and self.error is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WaitTimeoutError(
+                    f"send to {self.peer!r}: {self.lane.value} lane queue full "
+                    f"({self.max_queued} frames) for timeout_s={timeout_s}"
+                )
+            self._cond.wait(left)
+        if self.error is not None:
+            raise self.error
+        heapq.heappush(self._heap, (priority, next(self._seq), job))
+        self._start_thread()
+        self._cond.notify_all()
+        return job.ticket
+
+    def _start_thread(self) -> None:
+        if self._thread is None:
+            name = f"wire-send-{self.peer}-{self.lane.value}"
+            self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while (not self._heap or self._busy) and not self._stopping and self.error is None:
+                    self._cond.wait()
+                if self.error is not None or not self._heap:
+                    return
+                _, _, job = heapq.heappop(self._heap)
+                self._busy = True
+                self._cond.notify_all()
+            try:
+                if job.wait is not None:
+                    job.wait()
+                rest = send_views(self.sock, job.views)
+                while rest:  # the peer is slow, not gone: a close or reset ends this with OSError
+                    rest = send_views(self.sock, rest)
+            except OSError as exc:
+                job.finish(self.lost(exc))
+                return
+            except BaseException as exc:  # a failed device copy fails this frame only
+                job.finish(exc)
+            else:
+                self.counters.sent(self.lane, job.nbytes)
+                job.finish()
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+    # ---- failure and shutdown ----
+    def lost(self, exc: BaseException) -> PeerLostError | ProtocolError:
+        """Mark the connection dead (once), fail queued sends, and return the error to raise."""
+        with self._cond:
+            if self.error is None:
+                if isinstance(exc, ProtocolError) and not isinstance(exc, TruncatedFrameError):
+                    self.error = exc
+                else:
+                    self.error = PeerLostError(
+                        f"peer {self.peer!r} lost on the {self.lane.value} lane: "
+                        f"{type(exc).__name__}: {exc}"
+                    )
+                pending, self._heap = self._heap, []
+                self._cond.notify_all()
+            else:
+                pending = []
+            error = self.error
+        for _, _, job in pending:
+            job.finish(error)
+        shutdown(self.sock)
+        self.on_lost(self)
+        return error
+
+    def drain(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while (self._heap or self._busy) and self.error is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._cond.wait(left)
+
+    def close(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        shutdown(self.sock)
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        with self._cond:
+            pending, self._heap = self._heap, []
+        for _, _, job in pending:
+            job.finish(PeerLostError(f"transport closed before sending to {self.peer!r}"))
+        self.sock.close()
+
+
+def shutdown(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
