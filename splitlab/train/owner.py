@@ -112,8 +112,9 @@ class OwnerScheduler:
         drained = Drained(
             session_id=ctl.session, sender=me, window_id=window_id, num_microbatches=len(batches)
         )
-        ctl.send_all(self.workers, drained)
+        # Traced before sending, so no worker's COMMIT can carry an earlier timestamp.
         self.emit("drained", window=window_id, owner=me, num_microbatches=len(batches))
+        ctl.send_all(self.workers, drained)
         commits: dict[str, Commit] = ctl.collect(Kind.COMMIT, self.workers, timeout_s)  # type: ignore[assignment]
         for worker, msg in commits.items():
             self.weights.observe_rate(worker, msg.tokens_per_s)

@@ -1,4 +1,4 @@
-"""One U-shape training node as its own process: owner or worker, from a JSON spec.
+"""One U-shape training node as its own process: coordinator, owner or worker, from a JSON spec.
 
     python -m splitlab.train.process SPEC.json
 
@@ -11,7 +11,9 @@ so no secret is on a command line.
 Start-up: a worker opens its TCP listener and sends REGISTER (host, port) to every owner; an
 owner collects every worker's REGISTER and dials them. Then the windows run
 (`OwnerScheduler` / `WorkerScheduler`), the node writes its partition state (original key
-names) to `out_path` and exits 0. Any failure exits with the error's code (timeout, peer lost,
+names) to `out_path` and exits 0. With a `coordinator` in the spec, the windows repeat per
+round between START and the FedAvg exchange (`splitlab.train.coordinator`) until STOP; the
+coordinator writes its per-round FedAvg weights to its `out_path` as JSON. Any failure exits with the error's code (timeout, peer lost,
 non-finite, aborted, ...) after telling its peers why.
 
     .venv/bin/pytest tests/equivalence/test_train_processes.py -q
@@ -40,7 +42,9 @@ from splitlab.errors import ConfigError, ExitCode, SplitlabError
 from splitlab.models.load import load_model
 from splitlab.models.parts import build_parts
 from splitlab.models.plan import u_shape_plan
+from splitlab.telemetry.trace import Tracer
 from splitlab.train.checkpoint import unshared
+from splitlab.train.coordinator import Coordinator, receive_merged, send_update, wait_start
 from splitlab.train.nodes import OwnerNode, WorkerNode, partition_parameters
 from splitlab.train.owner import OwnerScheduler, SchedulerSettings
 from splitlab.train.window import effective_credit, owner_window_counts
@@ -54,7 +58,7 @@ DATA_KEY_ENV = "SPLITLAB_DATA_KEY"
 
 @dataclass
 class NodeSpec:
-    role: str  # "owner" or "worker"
+    role: str  # "coordinator", "owner" or "worker"
     name: str
     session: str
     owners: list[str]
@@ -75,6 +79,11 @@ class NodeSpec:
     worker_max_inflight: int = 8
     clip_grad_norm: float = 0.0
     timeout_s: float = 60.0
+    coordinator: str | None = None  # node id of the coordinator; None = one round, no FedAvg
+    rounds: int = 1  # coordinator: rounds to run
+    resume: bool = False  # coordinator: continue after the last checkpoint in checkpoint_dir
+    checkpoint_dir: str | None = None  # coordinator: where round checkpoints go
+    trace_dir: str | None = None  # JSONL traces: <trace_dir>/<role>-<name>.jsonl
 
     @classmethod
     def from_json(cls, text: str) -> NodeSpec:
@@ -113,17 +122,44 @@ def load_batches(path: Path) -> list[dict[str, torch.Tensor]]:
     return [out[i] for i in sorted(out)]
 
 
+def _control(spec: NodeSpec) -> ControlEndpoint:
+    address = EmbeddedAddress.from_env()
+    bus = make_bus(
+        "embedded", host=address.host, port=address.port, authkey=address.authkey,
+        session=spec.session, node_id=spec.name, timeout_s=spec.timeout_s,
+    )  # fmt: skip
+    return ControlEndpoint(bus)
+
+
 def run_node(spec: NodeSpec) -> None:
+    """Run one node to its end (see the module docstring)."""
+    control = _control(spec)
+    try:
+        if spec.role == "coordinator":
+            coordinator = Coordinator(
+                control=control, owners=spec.owners, workers=spec.workers,
+                num_windows=spec.num_windows, timeout_s=spec.timeout_s,
+                checkpoint_dir=Path(spec.checkpoint_dir) if spec.checkpoint_dir else None,
+            )  # fmt: skip
+            coordinator.run(rounds=spec.rounds, resume=spec.resume)
+            Path(spec.out_path).write_text(json.dumps({"fedavg_weights": coordinator.history}))
+        elif spec.role in ("owner", "worker"):
+            _run_member(spec, control)
+        else:
+            raise ConfigError(f"node spec role={spec.role!r}: coordinator, owner or worker")
+    finally:
+        control.close()
+
+
+def _run_member(spec: NodeSpec, control: ControlEndpoint) -> None:
     torch.manual_seed(spec.seed)
     model, _ = load_model(model_config(spec.model), load_tokenizer=False)
-    front, body, tail = build_parts(
-        model,
-        u_shape_plan(
-            num_layers=spec.model["num_layers"],
-            cut_layers=spec.cut_layers,
-            tail_blocks=spec.tail_blocks,
-        ),
+    plan = u_shape_plan(
+        num_layers=spec.model["num_layers"],
+        cut_layers=spec.cut_layers,
+        tail_blocks=spec.tail_blocks,
     )
+    front, body, tail = build_parts(model, plan)
 
     def adamw(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
         return torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay, eps=spec.eps)
@@ -131,15 +167,20 @@ def run_node(spec: NodeSpec) -> None:
     settings = SchedulerSettings(
         max_inflight=spec.max_inflight, clip_grad_norm=spec.clip_grad_norm, timeout_s=spec.timeout_s
     )
-    key = bytes.fromhex(os.environ[DATA_KEY_ENV])
-    address = EmbeddedAddress.from_env()
-    bus = make_bus(
-        "embedded", host=address.host, port=address.port, authkey=address.authkey,
-        session=spec.session, node_id=spec.name, timeout_s=spec.timeout_s,
-    )  # fmt: skip
-    control = ControlEndpoint(bus)
-    transport = TcpTransport(spec.name, key=key, session=spec.session)
+    peers = spec.owners if spec.role == "owner" else spec.workers
+    rank = peers.index(spec.name) if spec.name in peers else 0
+    tracer = (
+        Tracer.open(
+            Path(spec.trace_dir) / f"{spec.role}-{spec.name}.jsonl", role=spec.role, rank=rank
+        )
+        if spec.trace_dir
+        else Tracer.null()
+    )
+    transport = TcpTransport(
+        spec.name, key=bytes.fromhex(os.environ[DATA_KEY_ENV]), session=spec.session
+    )
     try:
+        node: OwnerNode | WorkerNode
         if spec.role == "worker":
             host, port = transport.address
             hello = Register(
@@ -147,40 +188,65 @@ def run_node(spec: NodeSpec) -> None:
             )
             control.send_all(spec.owners, hello)
             node = WorkerNode(spec.name, body, adamw(partition_parameters(body)))
-            scheduler = WorkerScheduler(
+            modules: list[torch.nn.Module] = [body]
+            worker = WorkerScheduler(
                 node=node, transport=transport, control=control, owners=spec.owners,
                 credit=effective_credit(
                     max_inflight=spec.max_inflight, worker_max_inflight=spec.worker_max_inflight,
                     num_owners=len(spec.owners),
                 ),
-                worker_max_inflight=spec.worker_max_inflight, settings=settings,
+                worker_max_inflight=spec.worker_max_inflight, settings=settings, emit=tracer.emit,
             )  # fmt: skip
-            for window_id in range(spec.num_windows):
-                scheduler.run_window(window_id)
-            state = node.state_dict()
-        elif spec.role == "owner":
+
+            def run_windows(first_window: int) -> None:
+                for offset in range(spec.num_windows):
+                    worker.run_window(first_window + offset)
+
+        else:
             registers = control.collect(Kind.REGISTER, spec.workers, spec.timeout_s)
-            for worker, msg in registers.items():
-                transport.connect(worker, msg.host, msg.port)  # type: ignore[attr-defined]
+            for name, msg in registers.items():
+                transport.connect(name, msg.host, msg.port)  # type: ignore[attr-defined]
             batches = load_batches(Path(spec.data_path)) if spec.data_path else []
-            owner = OwnerNode(spec.name, front, tail, adamw(partition_parameters(front, tail)))
-            scheduler = OwnerScheduler(
-                node=owner, transport=transport, control=control, workers=spec.workers,
-                weights=AdaptiveWeights(spec.weights or dict.fromkeys(spec.workers, 1.0), adaptive=False),
-                settings=settings,
+            node = OwnerNode(spec.name, front, tail, adamw(partition_parameters(front, tail)))
+            modules = [front, tail]
+            weights = AdaptiveWeights(
+                spec.weights or dict.fromkeys(spec.workers, 1.0), adaptive=False
+            )
+            owner = OwnerScheduler(
+                node=node, transport=transport, control=control, workers=spec.workers,
+                weights=weights, settings=settings, emit=tracer.emit,
             )  # fmt: skip
             counts = owner_window_counts(len(batches), spec.quota, spec.num_windows)
-            start = 0
-            for window_id, count in enumerate(counts):
-                scheduler.run_window(window_id, batches[start : start + count])
-                start += count
-            state = owner.state_dict()
+
+            def run_windows(first_window: int) -> None:
+                start = 0
+                for offset, count in enumerate(counts):
+                    owner.run_window(first_window + offset, batches[start : start + count])
+                    start += count
+
+        if spec.coordinator is None:
+            run_windows(0)
         else:
-            raise ConfigError(f"node spec role={spec.role!r}: owner or worker")
-        save_file(unshared(state), spec.out_path)
+            partition = "owner" if spec.role == "owner" else "body"
+            while (start := wait_start(control, spec.coordinator, spec.timeout_s)) is not None:
+                if start.plan.get("load"):
+                    receive_merged(control, modules, spec.timeout_s)
+                node.optimizer = adamw(node.params)  # a round starts from the averaged model
+                node.num_samples = 0
+                if spec.role == "owner":
+                    owner.weights.reset()
+                    owner.wrr.reset()
+                run_windows(int(start.plan["first_window"]))
+                send_update(
+                    control, spec.coordinator, round_id=start.round_id, partition=partition,
+                    state=node.state_dict(), num_samples=node.num_samples,
+                )  # fmt: skip
+                tracer.emit("update", round=start.round_id, num_samples=node.num_samples)
+                receive_merged(control, modules, spec.timeout_s)
+        save_file(unshared(node.state_dict()), spec.out_path)
     finally:
         transport.close()
-        control.close()
+        tracer.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -114,10 +114,10 @@ class WorkerScheduler:
             num_microbatches=total,
             tokens_per_s=tokens_per_s,
         )
-        ctl.send_all(self.owners, commit)
-        self.emit(
+        self.emit(  # before sending: a trace must never show an owner's step before this
             "commit", window=window_id, worker=me, num_microbatches=total, tokens_per_s=tokens_per_s
         )
+        ctl.send_all(self.owners, commit)
         return total
 
     def _serve(self, window_id: int, expected: dict[str, int]) -> None:

@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import torch
 from model_helpers import tiny_config, tiny_model, twin
 from safetensors.torch import load_file
 from test_train_engine import WINDOW, assert_same_parameters, batches, train_unsplit
@@ -22,8 +23,10 @@ from test_train_engine import WINDOW, assert_same_parameters, batches, train_uns
 from splitlab.control.embedded import EmbeddedBusServer
 from splitlab.errors import ExitCode
 from splitlab.launch.supervisor import ChildSpec, run_group
+from splitlab.train.checkpoint import completed_rounds, load_checkpoint
 from splitlab.train.process import DATA_KEY_ENV, save_batches
 from splitlab.train.window import round_schedule
+from splitlab.train.wrr import SmoothWRR
 
 
 def specs(
@@ -32,6 +35,7 @@ def specs(
     data: dict[str, list],
     workers: list[str],
     worker_extra: dict[str, object] | None = None,
+    coordinator: dict[str, object] | None = None,
     **extra: object,
 ) -> list[ChildSpec]:
     server = EmbeddedBusServer()
@@ -51,8 +55,13 @@ def specs(
         "timeout_s": 30.0,
         **extra,
     }
+    if coordinator is not None:
+        common["coordinator"] = "coord"
     children = []
-    for role, names in (("worker", workers), ("owner", list(data))):
+    roles = [("worker", workers), ("owner", list(data))]
+    if coordinator is not None:
+        roles.insert(0, ("coordinator", ["coord"]))
+    for role, names in roles:
         for name in names:
             spec = {
                 **common,
@@ -62,6 +71,8 @@ def specs(
             }
             if role == "worker":
                 spec.update(worker_extra or {})
+            if role == "coordinator":
+                spec.update(coordinator or {})
             if role == "owner":
                 save_batches(tmp_path / f"{name}.data.safetensors", data[name])
                 spec["data_path"] = str(tmp_path / f"{name}.data.safetensors")
@@ -144,3 +155,80 @@ def test_a_vanished_worker_times_the_owner_out_naming_it(tmp_path: Path) -> None
     assert ended["w0"][0] == 0
     assert owner_code in (ExitCode.TIMEOUT, ExitCode.PEER_LOST), owner_log
     assert "'w0'" in owner_log.split("ERROR", 1)[-1]
+
+
+def traces(folder: Path) -> list[dict]:
+    return [
+        json.loads(line)
+        for path in folder.glob("*.jsonl")
+        for line in path.read_text().splitlines()
+    ]
+
+
+@pytest.mark.slow
+def test_three_owners_two_workers_rounds_traces_and_fedavg_weights(tmp_path: Path) -> None:
+    data = {"o0": batches("gpt2", n=5), "o1": batches("gpt2", n=2, seed=40), "o2": []}
+    weights = {"w0": 3.0, "w1": 1.0}
+    (tmp_path / "traces").mkdir()
+    children = specs(
+        tmp_path, "gpt2", data, list(weights), coordinator={"rounds": 2},
+        weights=weights, trace_dir=str(tmp_path / "traces"),
+    )  # fmt: skip
+
+    result = run_group(children, timeout_s=240, sink=None)
+
+    assert result.exit_code == 0, result.diagnosis()
+    records = traces(tmp_path / "traces")
+    fedavg = json.loads((tmp_path / "coord.safetensors").read_text())["fedavg_weights"]
+    samples = {o: sum(int(b["input_ids"].shape[0]) for b in items) for o, items in data.items()}
+    for round_id, window_ids in ((0, (0, 1)), (1, (2, 3))):
+        in_round = [r for r in records if r.get("window") in window_ids]
+        for owner, items in data.items():  # each owner follows the 3:1 WRR sequence
+            sent = [r["worker"] for r in in_round if r["kind"] == "forward" and r["owner"] == owner]
+            expected = SmoothWRR(weights).assign(len(items))
+            assert sorted(sent) == sorted(expected)
+        for window in window_ids:  # every COMMIT after every DRAINED, every step after a COMMIT
+            drained = [
+                r["ts_us"] for r in in_round if r["kind"] == "drained" and r["window"] == window
+            ]
+            commits = [
+                r["ts_us"] for r in in_round if r["kind"] == "commit" and r["window"] == window
+            ]
+            steps = [r["ts_us"] for r in in_round if r["kind"] == "step" and r["window"] == window]
+            assert len(drained) == 3 and len(commits) == 2
+            assert min(commits) >= max(drained)
+            assert all(t >= max(commits) for t in steps)
+        forwards = [r for r in in_round if r["kind"] == "forward"]
+        per_worker = {w: sum(_size(data, r) for r in forwards if r["worker"] == w) for w in weights}
+        assert fedavg[round_id] == {**samples, **per_worker}
+    assert fedavg[0]["o2"] == 0
+
+
+def _size(data: dict[str, list], record: dict, windows_per_round: int = 2) -> int:
+    """Sequences in the microbatch a forward record names (ids count within their window)."""
+    offset = record["window"] % windows_per_round
+    return int(data[record["owner"]][offset * WINDOW + record["microbatch"]]["input_ids"].shape[0])
+
+
+@pytest.mark.slow
+def test_resume_continues_from_the_last_completed_round(tmp_path: Path) -> None:
+    data = {"o0": batches("llama", n=4), "o1": batches("llama", n=2, seed=60)}
+    straight, interrupted = tmp_path / "a", tmp_path / "b"
+    for folder in (straight, interrupted):
+        folder.mkdir()
+
+    def launch(folder: Path, rounds: int, resume: bool) -> None:
+        coordinator = {"rounds": rounds, "resume": resume, "checkpoint_dir": str(folder / "ckpt")}
+        children = specs(folder, "llama", data, ["w0"], coordinator=coordinator)
+        result = run_group(children, timeout_s=240, sink=None)
+        assert result.exit_code == 0, result.diagnosis()
+
+    launch(straight, 2, False)
+    launch(interrupted, 1, False)
+    launch(interrupted, 2, True)
+
+    assert completed_rounds(interrupted / "ckpt") == [0, 1]
+    final_a = load_checkpoint(straight / "ckpt" / "round-000001.safetensors").state
+    final_b = load_checkpoint(interrupted / "ckpt" / "round-000001.safetensors").state
+    for key, tensor in final_a.items():
+        torch.testing.assert_close(final_b[key], tensor, msg=lambda m, k=key: f"{k}: {m}")

@@ -1,0 +1,187 @@
+"""The round coordinator on the control bus, and the node side of its exchange.
+
+Coordinator, per round (rounds start at 0, or one past the last checkpoint with `resume`):
+
+    START   -> every node: round id, first window id, windows in the round
+    (owners and workers run the windows among themselves)
+    UPDATE  <- every node: its partition ("owner" or "body") as safetensors bytes + samples
+    FedAvg owner and body partitions separately by processed samples (`splitlab.train.rounds`)
+    checkpoint (optional, atomic, original key names, round + RNG)
+    UPDATE  -> every node: partition "merged", the averaged weights of its own keys
+    ... and after the last round, STOP.
+
+On resume the coordinator first sends each node the checkpoint's weights (UPDATE "merged",
+`round_id` = the checkpoint's round) right after START, so every replica starts from the
+last completed round. Model updates are safetensors bytes, never pickle.
+
+    .venv/bin/pytest tests/equivalence/test_train_coordinator.py -q
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load, save
+from torch import nn
+
+from splitlab.control.endpoint import ControlEndpoint
+from splitlab.control.messages import Kind, Start, Stop, Update
+from splitlab.errors import ProtocolError
+from splitlab.train.checkpoint import capture_rng, latest_checkpoint, save_checkpoint, unshared
+from splitlab.train.fedavg import check_finite
+from splitlab.train.rounds import NodeUpdate, aggregate, redistribute
+
+log = logging.getLogger(__name__)
+MERGED = "merged"
+
+
+def encode_state(state: Mapping[str, torch.Tensor]) -> bytes:
+    return save(unshared(state))
+
+
+def decode_state(blob: bytes, sender: str) -> dict[str, torch.Tensor]:
+    """Raises: ProtocolError naming the sender when the bytes are not a safetensors state."""
+    try:
+        return load(blob)
+    except Exception as exc:  # safetensors raises its own error types
+        raise ProtocolError(f"UPDATE from {sender!r} is not a safetensors state: {exc}") from exc
+
+
+class Coordinator:
+    """Runs rounds over a fixed roster of owners and workers."""
+
+    def __init__(
+        self,
+        *,
+        control: ControlEndpoint,
+        owners: Sequence[str],
+        workers: Sequence[str],
+        num_windows: int,
+        checkpoint_dir: Path | None = None,
+        timeout_s: float = 120.0,
+    ) -> None:
+        self.control = control
+        self.owners, self.workers = list(owners), list(workers)
+        self.num_windows = num_windows
+        self.checkpoint_dir = checkpoint_dir
+        self.timeout_s = timeout_s
+        self.history: list[dict[str, int]] = []  # per round: node -> FedAvg weight
+
+    @property
+    def nodes(self) -> list[str]:
+        return self.owners + self.workers
+
+    def run(self, *, rounds: int, resume: bool = False) -> None:
+        ctl = self.control
+        start, initial = 0, None
+        if resume and self.checkpoint_dir is not None:
+            checkpoint = latest_checkpoint(self.checkpoint_dir)
+            if checkpoint is not None:
+                start, initial = checkpoint.round_id + 1, checkpoint
+        for round_id in range(start, rounds):
+            plan: dict[str, Any] = {
+                "first_window": round_id * self.num_windows,
+                "num_windows": self.num_windows,
+                "load": initial is not None,
+            }
+            start_msg = Start(
+                session_id=ctl.session, sender=ctl.node_id, round_id=round_id, plan=plan,
+                data_key_hex="", roster=[{"node": n} for n in self.nodes],
+            )  # fmt: skip
+            ctl.send_all(self.nodes, start_msg)
+            if initial is not None:
+                self._send_merged(initial.round_id, initial.state, None)
+                initial = None
+            updates = self._collect_updates(round_id)
+            merged = aggregate(updates)
+            self.history.append({u.node: u.num_samples for u in updates})
+            if self.checkpoint_dir is not None:
+                save_checkpoint(
+                    self.checkpoint_dir, round_id=round_id, state=merged, rng=capture_rng()
+                )
+            self._send_merged(round_id, merged, {u.node: set(u.state) for u in updates})
+            log.info("round %d averaged: %s", round_id, self.history[-1])
+        ctl.send_all(self.nodes, Stop(session_id=ctl.session, sender=ctl.node_id, reason="done"))
+
+    def _collect_updates(self, round_id: int) -> list[NodeUpdate]:
+        got = self.control.collect(Kind.UPDATE, self.nodes, self.timeout_s)
+        updates = []
+        for node, msg in got.items():
+            assert isinstance(msg, Update)
+            if msg.round_id != round_id:
+                raise ProtocolError(
+                    f"UPDATE from {node!r} is for round {msg.round_id}, not {round_id}"
+                )
+            expected = "owner" if node in self.owners else "body"
+            if msg.partition != expected:
+                raise ProtocolError(
+                    f"UPDATE from {node!r} carries {msg.partition!r}, expected {expected!r}"
+                )
+            state = decode_state(msg.weights, node)
+            if msg.num_samples > 0:
+                check_finite(node, state)  # loud, naming node and key (never averaged to zeros)
+            updates.append(NodeUpdate(node, msg.partition, state, msg.num_samples))
+        return updates
+
+    def _send_merged(
+        self, round_id: int, merged: Mapping[str, torch.Tensor], keys: Mapping[str, set[str]] | None
+    ) -> None:
+        ctl = self.control
+        for node in self.nodes:
+            own = keys[node] if keys is not None else set(merged)
+            blob = encode_state({k: merged[k] for k in own if k in merged})
+            msg = Update(
+                session_id=ctl.session, sender=ctl.node_id, round_id=round_id,
+                num_samples=0, partition=MERGED, weights=blob,
+            )  # fmt: skip
+            ctl.send(node, msg)
+
+
+# --- the node side ------------------------------------------------------------------------------
+
+
+def wait_start(control: ControlEndpoint, coordinator: str, timeout_s: float) -> Start | None:
+    """The next START, or None when the coordinator said STOP."""
+    msg = control.wait_for((Kind.START, Kind.STOP), timeout_s)
+    if msg.sender != coordinator:
+        raise ProtocolError(
+            f"{msg.kind.value} from {msg.sender!r}, not the coordinator {coordinator!r}"
+        )
+    return msg if isinstance(msg, Start) else None
+
+
+def send_update(
+    control: ControlEndpoint,
+    coordinator: str,
+    *,
+    round_id: int,
+    partition: str,
+    state: Mapping[str, torch.Tensor],
+    num_samples: int,
+) -> None:
+    msg = Update(
+        session_id=control.session, sender=control.node_id, round_id=round_id,
+        num_samples=num_samples, partition=partition, weights=encode_state(state),
+    )  # fmt: skip
+    control.send(coordinator, msg)
+
+
+def receive_merged(control: ControlEndpoint, modules: Sequence[nn.Module], timeout_s: float) -> int:
+    """Load the coordinator's averaged weights into `modules`; returns their round id.
+
+    Raises:
+        ProtocolError: the update lacks a key these modules hold.
+        NonFiniteError: the update holds NaN/Inf.
+    """
+    msg = control.wait_for((Kind.UPDATE,), timeout_s)
+    assert isinstance(msg, Update)
+    if msg.partition != MERGED:
+        raise ProtocolError(f"UPDATE {msg.partition!r} from {msg.sender!r}, expected {MERGED!r}")
+    state = decode_state(msg.weights, msg.sender)
+    check_finite(msg.sender, state)
+    redistribute(state, modules)
+    return msg.round_id
