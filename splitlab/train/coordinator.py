@@ -33,6 +33,7 @@ from splitlab.control.messages import Kind, Start, Stop, Update
 from splitlab.errors import ProtocolError
 from splitlab.train.checkpoint import capture_rng, latest_checkpoint, save_checkpoint, unshared
 from splitlab.train.fedavg import check_finite
+from splitlab.train.protocol import abort_peers
 from splitlab.train.rounds import NodeUpdate, aggregate, redistribute
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,14 @@ class Coordinator:
         return self.owners + self.workers
 
     def run(self, *, rounds: int, resume: bool = False) -> None:
+        """Run rounds `[start, rounds)`; any failure sends ABORT with its cause to every node."""
+        try:
+            self._run(rounds=rounds, resume=resume)
+        except BaseException as exc:
+            abort_peers(self.control, self.nodes, exc)
+            raise
+
+    def _run(self, *, rounds: int, resume: bool) -> None:
         ctl = self.control
         start, initial = 0, None
         if resume and self.checkpoint_dir is not None:

@@ -47,6 +47,7 @@ from splitlab.train.checkpoint import unshared
 from splitlab.train.coordinator import Coordinator, receive_merged, send_update, wait_start
 from splitlab.train.nodes import OwnerNode, WorkerNode, partition_parameters
 from splitlab.train.owner import OwnerScheduler, SchedulerSettings
+from splitlab.train.protocol import abort_peers
 from splitlab.train.window import effective_credit, owner_window_counts
 from splitlab.train.worker import WorkerScheduler
 from splitlab.train.wrr import AdaptiveWeights
@@ -144,7 +145,12 @@ def run_node(spec: NodeSpec) -> None:
             coordinator.run(rounds=spec.rounds, resume=spec.resume)
             Path(spec.out_path).write_text(json.dumps({"fedavg_weights": coordinator.history}))
         elif spec.role in ("owner", "worker"):
-            _run_member(spec, control)
+            try:
+                _run_member(spec, control)
+            except BaseException as exc:
+                if spec.coordinator is not None:  # the coordinator waits for our UPDATE
+                    abort_peers(control, [spec.coordinator], exc)
+                raise
         else:
             raise ConfigError(f"node spec role={spec.role!r}: coordinator, owner or worker")
     finally:

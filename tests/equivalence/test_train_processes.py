@@ -232,3 +232,16 @@ def test_resume_continues_from_the_last_completed_round(tmp_path: Path) -> None:
     final_b = load_checkpoint(interrupted / "ckpt" / "round-000001.safetensors").state
     for key, tensor in final_a.items():
         torch.testing.assert_close(final_b[key], tensor, msg=lambda m, k=key: f"{k}: {m}")
+
+
+@pytest.mark.slow
+def test_divergence_with_a_coordinator_ends_every_process_naming_the_cause(tmp_path: Path) -> None:
+    data = {"o0": batches("llama", n=6)}
+
+    ended = run_each(specs(tmp_path, "llama", data, ["w0"], coordinator={"rounds": 2}, lr=1e30))
+
+    assert ended["o0"][0] == ExitCode.NON_FINITE, ended["o0"][1]
+    for name in ("w0", "coord"):
+        code, output = ended[name]
+        assert code == ExitCode.ABORTED, output
+        assert "aborted by 'o0'" in output and "NonFiniteError" in output

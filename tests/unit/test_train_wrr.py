@@ -200,3 +200,19 @@ def test_capped_ratio_never_exceeds_cap(rates: dict[str, float]) -> None:
 
     assert max(result.values()) / min(result.values()) <= 20.0 * (1 + 1e-12)
     assert max(result.values()) == max(rates.values())
+
+
+def test_observe_rate_is_the_commit_path_of_observe() -> None:
+    by_rate = AdaptiveWeights({"a": 1.0, "b": 1.0})
+    by_time = AdaptiveWeights({"a": 1.0, "b": 1.0})
+    for rate in (100.0, 300.0):
+        by_rate.observe_rate("a", rate)
+        by_time.observe("a", padded_tokens=int(rate), seconds=1.0)
+    by_rate.observe_rate("b", None)  # a worker that ran nothing reports no rate
+
+    assert not by_rate.measured
+    by_rate.observe_rate("b", 50.0)
+    by_time.observe("b", padded_tokens=50, seconds=1.0)
+    assert by_rate.weights() == pytest.approx(by_time.weights())
+    with pytest.raises(ValueError):
+        by_rate.observe_rate("a", -1.0)
