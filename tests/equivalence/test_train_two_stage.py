@@ -9,6 +9,9 @@ step after every microbatch; the first-stage gradients accumulate over a window 
 
 from __future__ import annotations
 
+import secrets
+import threading
+
 import pytest
 import torch
 from model_helpers import adapter_of, padded_batch, tiny_model, twin
@@ -22,6 +25,9 @@ from splitlab.models.plan import two_stage_plan
 from splitlab.models.tokens import positions_from_pad_mask
 from splitlab.train.nodes import partition_parameters
 from splitlab.train.two_stage import TwoStageEngine, in_order, reversed_order
+from splitlab.train.two_stage_net import FirstStage, LastStage
+from splitlab.wire.inproc import InProcHub, InProcTransport
+from splitlab.wire.tcp import TcpTransport
 
 PLAN = two_stage_plan(num_layers=4, cut_layers=2)
 NUM_MICROBATCHES = 5  # control_count 2 and 3 both end with a partial window
@@ -120,3 +126,48 @@ def test_rejects_bad_control_count_and_tied_stages() -> None:
         engine_for(untied("llama"), 0)
     with pytest.raises(ConfigError, match="tied"):
         engine_for(tiny_model("gpt2"), 1)
+
+
+@pytest.mark.parametrize("transport", ["inproc", "tcp"])
+@pytest.mark.parametrize("control_count", [1, 2, 3])
+def test_stages_over_a_transport_match_unsplit_adamw(control_count: int, transport: str) -> None:
+    ref = untied("llama")
+    split = twin(ref)
+    batches = data("llama")
+    first_part, last_part = build_parts(split, PLAN)
+    if transport == "inproc":
+        hub = InProcHub()
+        first_t, last_t = InProcTransport("first", hub), InProcTransport("last", hub)
+    else:
+        key = secrets.token_bytes(32)
+        first_t = TcpTransport("first", key=key, session="s", pool_bytes=16 << 20)
+        last_t = TcpTransport("last", key=key, session="s", pool_bytes=16 << 20)
+        first_t.connect("last", *last_t.address)
+    first = FirstStage(
+        part=first_part, optimizer=adamw(partition_parameters(first_part)), transport=first_t,
+        last_stage="last", control_count=control_count, timeout_s=20.0,
+    )  # fmt: skip
+    last = LastStage(
+        part=last_part, optimizer=adamw(partition_parameters(last_part)), transport=last_t,
+        timeout_s=20.0,
+    )  # fmt: skip
+    errors: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            last.serve({"first": len(batches)})
+        except BaseException as exc:  # noqa: BLE001 - surfaced by the assert below
+            errors.append(exc)
+
+    train_reference(ref, "llama", batches, control_count)
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        first.run(batches)
+    finally:
+        thread.join(timeout=60)
+        first_t.close()
+        last_t.close()
+
+    assert errors == []
+    assert_same_parameters(ref, split)
