@@ -6,8 +6,13 @@ the cache: a non-head stage never fills layer 0 of its cache, so reading the seq
 there (the predecessor's bug) would restart its positions at 0 every step. After each call it
 checks that every block it owns holds exactly `pos + T` cached tokens.
 
-The block set is a list of global indices (`layer_ids`), so a later migration can hand a block
-and its KV layer to a neighbour between tokens (`take_block` / `install_block`).
+The block set is a list of global indices (`layer_ids`), so a migration can hand a block and its
+KV layer to a neighbour between tokens: the receiver pre-stages fresh blocks (`stage_blocks`,
+weights resident first) and then their KV (`stage_kv`), the donor exports KV (`export_kv`)
+and keeps everything until `commit`, which swaps pointers on both sides; `drop_staged` undoes
+a pre-stage on abort, and `release` frees what a commit dropped (gc, empty_cache), timed apart.
+`blocks_ms` is the time the last call spent inside the blocks (hooks around them), which the
+adaptive planner separates from the fixed embedding/head cost.
 
 `EchoCompute` is the model-free stand-in `tools/check_multinode.py` uses: the head turns a token
 id into a hidden row, middle stages pass it on, and the tail answers `(id + 1) % vocab`.
@@ -19,10 +24,15 @@ Legend: B batch (1 in the ring), T tokens in this call, H hidden size, V vocabul
 
 from __future__ import annotations
 
+import gc
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 import torch
 from torch import nn
+from transformers.cache_utils import DynamicLayer
 
 from splitlab.errors import ProtocolError
 from splitlab.models.parts import Part
@@ -51,6 +61,15 @@ class PartCompute:
         self.cache = part.new_cache()
         self.layer_ids: list[int] = list(part.span.layer_ids)
         self.positions_seen: list[int] = []  # first position of every call (tests read it)
+        self.blocks_ms = 0.0  # time the last call spent inside the blocks
+        self._t_first: float | None = None
+        self._t_last = 0.0
+        self._hooks: dict[int, list[Any]] = {}
+        self._staged_blocks: dict[int, nn.Module] = {}
+        self._staged_kv: dict[int, Any] = {}
+        self._dropped: list[Any] = []
+        for i in self.layer_ids:
+            self._hook(i)
 
     def reset(self) -> None:
         self.cache = self.part.new_cache()
@@ -63,7 +82,9 @@ class PartCompute:
         pad_mask_BK = torch.ones(1, pos + num_tokens, dtype=torch.long, device=self.device)
         positions_BT = torch.arange(pos, pos + num_tokens, device=self.device).unsqueeze(0)
         self.positions_seen.append(pos)
+        self._t_first = None
         out = self.part(x, pad_mask_BK, positions_BT, self.cache)
+        self.blocks_ms = 0.0 if self._t_first is None else (self._t_last - self._t_first) * 1e3
         lengths = self.kv_lengths()
         if any(n != pos + num_tokens for n in lengths.values()):
             raise ProtocolError(
@@ -78,12 +99,28 @@ class PartCompute:
         layers = self.cache.layers
         return {i: (layers[i].get_seq_length() if i < len(layers) else 0) for i in self.layer_ids}
 
-    # --- migration hooks (issue 8): a block and its KV layer move together between tokens ---
+    # --- migration (issue 8): a block and its KV layer move together between tokens ---------
+
+    def _block(self, layer_idx: int) -> nn.Module:
+        return self.part.get_submodule(self.part.adapter.block_path(layer_idx))
+
+    def _hook(self, layer_idx: int) -> None:
+        def pre(_module: nn.Module, _args: Any) -> None:
+            if self._t_first is None:
+                self._t_first = time.perf_counter()
+
+        def post(_module: nn.Module, _args: Any, _out: Any) -> None:
+            self._t_last = time.perf_counter()
+
+        block = self._block(layer_idx)
+        self._hooks[layer_idx] = [
+            block.register_forward_pre_hook(pre),
+            block.register_forward_hook(post),
+        ]
 
     def take_block(self, layer_idx: int) -> tuple[nn.Module, Any]:
-        """Detach block `layer_idx` and its KV layer (the donor side); caller re-plans the span."""
-        block = self.part.get_submodule(self.part.adapter.block_path(layer_idx))
-        return block, self.cache.layers[layer_idx]
+        """Block `layer_idx` and its KV layer (read-only view for tests and tools)."""
+        return self._block(layer_idx), self.cache.layers[layer_idx]
 
     def bytes_per_token_kv(self) -> int:
         """KV bytes per cached token per block (2 x kv heads x head dim x dtype bytes)."""
@@ -93,6 +130,118 @@ class PartCompute:
                 k = layers[i].keys
                 return 2 * k.shape[1] * k.shape[3] * k.element_size()
         return 0
+
+    def export_kv(self, layer_ids: Sequence[int]) -> dict[str, torch.Tensor]:
+        """The donor's KV of `layer_ids` (`k<i>`, `v<i>`: 1 x kv heads x T x head dim); no copy."""
+        out: dict[str, torch.Tensor] = {}
+        for i in layer_ids:
+            if i not in self.layer_ids:
+                raise ProtocolError(f"export_kv: block {i} is not on this stage {self.layer_ids}")
+            layer = self.cache.layers[i]
+            out[f"k{i}"], out[f"v{i}"] = layer.keys, layer.values
+        return out
+
+    def stage_blocks(self, blocks: Mapping[int, nn.Module]) -> None:
+        """Pre-stage fresh blocks (moved to this stage's device); the live part is untouched."""
+        for i, block in blocks.items():
+            if i in self.layer_ids:
+                raise ProtocolError(f"stage_blocks: block {i} is already on this stage")
+            self._staged_blocks[i] = block.to(self.device)
+
+    def stage_kv(self, tensors: Mapping[str, torch.Tensor], layer_ids: Sequence[int]) -> int:
+        """Pre-stage received KV for `layer_ids` (copied); returns its bytes.
+
+        The weights must already be resident: KV for a block that is not staged is refused.
+        """
+        nbytes = 0
+        for i in layer_ids:
+            if i not in self._staged_blocks:
+                raise ProtocolError(f"stage_kv: block {i} has no resident weights yet")
+            try:
+                k, v = tensors[f"k{i}"], tensors[f"v{i}"]
+            except KeyError:
+                raise ProtocolError(f"stage_kv: no k{i}/v{i} among {sorted(tensors)}") from None
+            layer = DynamicLayer()
+            k, v = k.to(self.device, copy=True), v.to(self.device, copy=True)
+            layer.lazy_initialization(k, v)
+            layer.keys, layer.values = k, v
+            self._staged_kv[i] = layer
+            nbytes += k.numel() * k.element_size() + v.numel() * v.element_size()
+        return nbytes
+
+    def drop_staged(self) -> None:
+        """Abort: forget what was pre-staged (the live blocks and cache never changed)."""
+        self._staged_blocks.clear()
+        self._staged_kv.clear()
+
+    def commit(self, start: int, stop: int) -> None:
+        """Own blocks [start, stop): attach the staged blocks and KV, detach the given-away ones.
+
+        Pointer swaps only; the detached modules and KV wait in `_dropped` for `release`.
+        """
+        new_ids = list(range(start, stop))
+        added = [i for i in new_ids if i not in self.layer_ids]
+        removed = [i for i in self.layer_ids if i not in new_ids]
+        if sorted(added) != sorted(self._staged_blocks) or set(added) != set(self._staged_kv):
+            raise ProtocolError(
+                f"commit to blocks [{start}, {stop}) needs {added} staged, have weights "
+                f"{sorted(self._staged_blocks)} and KV {sorted(self._staged_kv)}"
+            )
+        adapter = self.part.adapter
+        container = self.part.get_submodule(adapter.block_path(self.layer_ids[0]).rsplit(".", 1)[0])
+        cache = self.cache
+        for i in removed:
+            for handle in self._hooks.pop(i):
+                handle.remove()
+            self._dropped.append(container._modules.pop(str(i)))
+            self._dropped.append(cache.layers[i])
+            cache.layers[i] = DynamicLayer()
+        for i in added:
+            container.add_module(str(i), self._staged_blocks.pop(i))
+            while len(cache.layers) <= i:
+                cache.layers.append(DynamicLayer())
+            cache.layers[i] = self._staged_kv.pop(i)
+            self._hook(i)
+        container._modules = dict(sorted(container._modules.items(), key=lambda kv: int(kv[0])))
+        paths = [p for p in self.part.paths if p not in {adapter.block_path(i) for i in removed}]
+        paths += [adapter.block_path(i) for i in added]
+        self.part.paths = tuple(paths)
+        self.span = replace(self.span, start=start, stop=stop)
+        self.part.span = self.span
+        self.layer_ids = new_ids
+        self.check_cache_order()
+
+    def check_cache_order(self) -> None:
+        """The cache holds KV exactly for the owned blocks, all of one length, in block order."""
+        lengths = self.kv_lengths()
+        if len(set(lengths.values())) > 1:
+            raise ProtocolError(f"after commit: unequal KV lengths {lengths}")
+        stray = [
+            i for i, layer in enumerate(self.cache.layers)
+            if i not in self.layer_ids and layer.get_seq_length() > 0
+        ]  # fmt: skip
+        if stray:
+            raise ProtocolError(f"after commit: KV left for blocks {stray} not on this stage")
+        blocks = [int(name) for name in self.part.get_submodule(
+            self.part.adapter.block_path(self.layer_ids[0]).rsplit(".", 1)[0])._modules]  # fmt: skip
+        if blocks != self.layer_ids:
+            raise ProtocolError(f"after commit: blocks {blocks} but the span is {self.layer_ids}")
+
+    @property
+    def release_pending(self) -> bool:
+        return bool(self._dropped)
+
+    def release(self) -> float:
+        """Free what commits detached (gc for the cyclic module graphs, then the device cache).
+
+        Returns the time it took (ms): reported apart, never inside a shift's pause.
+        """
+        t0 = time.perf_counter()
+        self._dropped.clear()
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return (time.perf_counter() - t0) * 1e3
 
 
 class EchoCompute:
@@ -117,3 +266,5 @@ class EchoCompute:
 
     def kv_lengths(self) -> dict[int, int]:
         return {i: self._pos for i in self.span.layer_ids}
+
+    blocks_ms = 0.0  # no blocks to time

@@ -186,13 +186,21 @@ class Listener:
     def accept(self, *, key: bytes, session: str, me: str, expect: str,
                connect_timeout_s: float, timeout_s: float | None) -> Link:  # fmt: skip
         """Accept the previous stage's authenticated connection (others are refused)."""
+        links = self.accept_many(key=key, session=session, me=me, expect={expect},
+                                 connect_timeout_s=connect_timeout_s, timeout_s=timeout_s)  # fmt: skip
+        return links[expect]
+
+    def accept_many(self, *, key: bytes, session: str, me: str, expect: set[str],
+                    connect_timeout_s: float, timeout_s: float | None) -> dict[str, Link]:  # fmt: skip
+        """Accept one authenticated connection from each id in `expect`, in any order."""
         deadline = time.monotonic() + connect_timeout_s
-        while True:
+        links: dict[str, Link] = {}
+        while set(links) != expect:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise WaitTimeoutError(
-                    f"{me}: {expect} did not connect to {self.endpoint.bind_host}:{self.port} "
-                    f"within connect_timeout_s={connect_timeout_s}"
+                    f"{me}: {sorted(expect - set(links))} did not connect to "
+                    f"{self.endpoint.bind_host}:{self.port} within connect_timeout_s={connect_timeout_s}"
                 )
             self.sock.settimeout(remaining)
             try:
@@ -208,16 +216,59 @@ class Listener:
                 log.warning("refused a connection from %s:%s: %s", addr[0], addr[1], exc)
                 conn.close()
                 continue
-            if hello.client_id != expect:
-                log.warning("refused %r from %s: expected %r", hello.client_id, addr[0], expect)
+            if hello.client_id not in expect or hello.client_id in links:
+                log.warning(
+                    "refused %r from %s: expected one of %s",
+                    hello.client_id,
+                    addr[0],
+                    sorted(expect),
+                )
                 conn.close()
                 continue
-            return Link(
-                conn, me=me, peer=expect, peer_addr=f"{addr[0]}:{addr[1]}", timeout_s=timeout_s
-            )
+            links[hello.client_id] = Link(conn, me=me, peer=hello.client_id,
+                                          peer_addr=f"{addr[0]}:{addr[1]}", timeout_s=timeout_s)  # fmt: skip
+        return links
 
     def close(self) -> None:
         self.sock.close()
+
+
+def connect_all(listener: Listener, *, dials: list[tuple[str, int, str, str]], expect: set[str],
+                key: bytes, session: str, me: str, connect_timeout_s: float,
+                timeout_s: float | None) -> tuple[dict[str, Link], dict[str, Link]]:  # fmt: skip
+    """Accept every id in `expect` while dialling each (host, port, as_id, peer_id) in `dials`.
+
+    Returns (accepted links by client id, dialled links by our id). Accepting and dialling run
+    at once, since every stage both waits for peers and connects to others (a cycle otherwise).
+    """
+    box: dict[str, Any] = {}
+
+    def _accept() -> None:
+        try:
+            box["links"] = listener.accept_many(key=key, session=session, me=me, expect=expect,
+                                                connect_timeout_s=connect_timeout_s, timeout_s=timeout_s)  # fmt: skip
+        except BaseException as exc:  # re-raised in the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=_accept, name=f"accept-{me}", daemon=True)
+    thread.start()
+    bind = listener.endpoint.bind_host
+    dialled: dict[str, Link] = {}
+    try:
+        for host, port, as_id, peer in dials:
+            dialled[as_id] = dial(host, port, key=key, session=session, me=as_id, peer=peer,
+                                  connect_timeout_s=connect_timeout_s, timeout_s=timeout_s,
+                                  source_host=None if bind in ("", "0.0.0.0") else bind)  # fmt: skip
+    except BaseException:
+        for link in dialled.values():
+            link.close()
+        raise
+    thread.join()
+    if "error" in box:
+        for link in dialled.values():
+            link.close()
+        raise box["error"]
+    return box["links"], dialled
 
 
 def connect_ring(listener: Listener, *, next_host: str, next_port: int, key: bytes, session: str,

@@ -1,7 +1,9 @@
 """A whole ring inside one process: one thread per stage over the in-process transport.
 
 Same runtime, same frames, no sockets: the fast suite's equivalence tests and the unit test of
-per-stage positions run on it. Stage threads' errors are re-raised in the caller.
+per-stage positions run on it. Stage threads' errors are re-raised in the caller. With
+`window > 0` the stages also run the window barrier over in-process control pipes, with one
+in-process KV channel per neighbour pair, so migration runs exactly as over TCP.
 
     .venv/bin/pytest tests/equivalence/test_ring_equivalence.py -q
 """
@@ -13,9 +15,15 @@ from collections.abc import Sequence
 
 import torch
 
+from splitlab.drift.contract import DriftSource
 from splitlab.errors import PeerLostError, WaitTimeoutError
 from splitlab.infer.compute import StageCompute
+from splitlab.infer.ctrl_link import queue_pair
+from splitlab.infer.migration import Migrator
+from splitlab.infer.planners import Noop, Planner
 from splitlab.infer.ring import GenParams, RingResult, RingStage, StageIdentity
+from splitlab.infer.window import HeadControl, StageControl
+from splitlab.models.shard import CheckpointIndex
 from splitlab.telemetry.trace import Tracer
 from splitlab.wire.inproc import InProcHub, InProcTransport
 
@@ -33,11 +41,21 @@ def run_local_ring(
     tracers: Sequence[Tracer] | None = None,
     strict_parity: bool = True,
     timeout_s: float = 60.0,
+    window: int = 0,
+    planner: Planner | None = None,
+    index: CheckpointIndex | None = None,
+    dtype: str = "auto",
+    drifts: Sequence[DriftSource | None] | None = None,
+    ctrl_timeout_s: float = 10.0,
+    faults: dict[int, str] | None = None,
 ) -> RingResult:
-    """Run the ring's stages as threads; returns the head's result."""
+    """Run the ring's stages as threads; returns the head's result (with its window records)."""
     n = len(computes)
     hub = InProcHub()
     transports = [InProcTransport(stage_peer(i), hub, session="local") for i in range(n)]
+    controls = _controls(computes, identities, window=window, planner=planner, index=index,
+                         dtype=dtype, drifts=drifts, tracers=tracers, ctrl_timeout_s=ctrl_timeout_s,
+                         timeout_s=timeout_s, faults=faults or {})  # fmt: skip
     stages = [
         RingStage(
             identity=identities[i],
@@ -52,6 +70,8 @@ def run_local_ring(
             strict_parity=strict_parity,
             timeout_s=timeout_s,
             session="local",
+            control=controls[i],
+            drift=drifts[i] if drifts else None,
         )  # fmt: skip
         for i in range(n)
     ]
@@ -85,4 +105,45 @@ def run_local_ring(
             tr.close()
     if errors:
         raise errors[0]
+    if controls[0] is not None:
+        result.windows = list(controls[0].decisions)
     return result
+
+
+def _controls(computes, identities, *, window, planner, index, dtype, drifts, tracers,
+              ctrl_timeout_s, timeout_s, faults) -> list:  # fmt: skip
+    """Per stage: HeadControl / StageControl over in-process pipes, or None without a window."""
+    n = len(computes)
+    if window <= 0 or n < 2:
+        return [None] * n
+    num_layers = identities[0].num_layers
+    cuts = [ident.start for ident in identities[1:]]
+    kv_hub = InProcHub()
+    kv = [InProcTransport(f"kv-{i}", kv_hub, session="local") for i in range(n)]
+    pipes = [queue_pair("stage-0", stage_peer(i), timeout_s=ctrl_timeout_s) for i in range(1, n)]
+    migrators = [
+        Migrator(stage=i, compute=computes[i], cuts=cuts, num_layers=num_layers, index=index,
+                 dtype=dtype, timeout_s=ctrl_timeout_s,
+                 kv_prev=kv[i].channel(f"kv-{i - 1}", timeout_s=ctrl_timeout_s) if i > 0 else None,
+                 kv_next=kv[i].channel(f"kv-{i + 1}", timeout_s=ctrl_timeout_s) if i < n - 1 else None)
+        for i in range(n)
+    ]  # fmt: skip
+    tracer = (lambda i: tracers[i]) if tracers else (lambda i: None)
+    drift = (lambda i: drifts[i]) if drifts else (lambda i: None)
+    head = HeadControl(window=window, ctrls={i: pipes[i - 1][0] for i in range(1, n)},
+                       migrator=migrators[0], planner=planner or Noop(), drift=drift(0),
+                       tracer=tracer(0), timeout_s=ctrl_timeout_s)  # fmt: skip
+    return [head] + [
+        StageControl(
+            stage=i,
+            window=window,
+            ctrl=pipes[i - 1][1],
+            migrator=migrators[i],
+            drift=drift(i),
+            tracer=tracer(i),
+            timeout_s=ctrl_timeout_s,
+            entry_timeout_s=timeout_s,
+            fault=faults.get(i),
+        )  # fmt: skip
+        for i in range(1, n)
+    ]

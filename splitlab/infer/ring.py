@@ -14,8 +14,13 @@ process. Frames (kind, meta):
 
 Every frame carries the absolute position of its first token; each stage checks it against
 its own count, so a position can never silently restart. One trace record per token per stage:
-`compute_ms` (this stage's forward only), `recv_wait_ms` (blocked receiving), `send_ms`,
-`bytes` sent, and on the head `tpot_ms` (one full trip around the ring).
+`compute_ms` (this stage's forward only, plus injected drift), `real_ms` (the forward alone),
+`recv_wait_ms` (blocked receiving), `send_ms`, `bytes` sent, and on the head `tpot_ms` (one
+full trip around the ring).
+
+With a `control` (`splitlab.infer.window`), every stage steps into the window barrier after
+decode step s when s % W == 0, on the control star, never on the ring. With a `drift` source,
+phi(step) becomes a sleep of (phi - 1) x compute_ms inside the measured compute region.
 
     .venv/bin/pytest tests/unit/test_infer_ring.py -q
 """
@@ -31,6 +36,8 @@ from typing import Any, Protocol
 
 import torch
 
+from splitlab.drift.contract import DriftSource
+from splitlab.drift.inject import inject
 from splitlab.errors import AbortedError, ConfigError, ExitCode, PeerLostError, ProtocolError
 from splitlab.infer.compute import StageCompute
 from splitlab.infer.parity import parity_mismatches
@@ -90,6 +97,7 @@ class RingResult:
     stop_reason: str  # "max_new_tokens" or "eos"
     ttft_ms: float
     tpot_ms: list[float] = field(default_factory=list)  # decode steps only
+    windows: list[dict[str, Any]] = field(default_factory=list)  # the head's window records
 
     @property
     def tpot_ms_median(self) -> float:
@@ -152,8 +160,12 @@ class RingStage:
 
     def __init__(self, *, identity: StageIdentity, compute: StageCompute, up: Pipe | None,
                  down: Pipe | None, tracer: Tracer | None = None, strict_parity: bool = True,
-                 timeout_s: float | None = None, session: str | None = None) -> None:  # fmt: skip
+                 timeout_s: float | None = None, session: str | None = None,
+                 control: Any = None, drift: DriftSource | None = None) -> None:  # fmt: skip
+        from splitlab.infer.window import WindowStats
+
         self.identity, self.compute, self.up, self.down = identity, compute, up, down
+        self.control, self.drift, self.stats = control, drift, WindowStats()
         self.tracer = tracer or Tracer.null()
         self.strict_parity, self.timeout_s, self.session = strict_parity, timeout_s, session
         self.index, self.num_stages = identity.stage, identity.num_stages
@@ -216,6 +228,26 @@ class RingStage:
         code = int(getattr(exc, "exit_code", ExitCode.ERROR))
         self._forward_abort({"origin": self.index, "code": code, "reason": str(exc)})
 
+    def _forward(self, x: torch.Tensor, pos: int, step: int) -> tuple[torch.Tensor, float, float]:
+        """(output, compute_ms incl. injected drift, real_ms of the forward alone)."""
+        t0 = time.perf_counter()
+        out = self.compute.forward(x, pos)
+        real_ms = (time.perf_counter() - t0) * 1e3
+        if self.drift is not None:
+            inject(real_ms, self.drift.phi(step))
+        compute_ms = (time.perf_counter() - t0) * 1e3
+        if step > 0:
+            blocks_ms = float(getattr(self.compute, "blocks_ms", 0.0))
+            self.stats.add(compute_ms=compute_ms, real_ms=real_ms, blocks_ms=blocks_ms)
+        return out, compute_ms, real_ms
+
+    def _at_barrier(self, step: int) -> bool:
+        return self.control is not None and step > 0 and step % self.control.window == 0
+
+    def _after_send(self) -> None:
+        if self.control is not None:
+            self.control.after_send()
+
     # --- setup ---------------------------------------------------------------------------------
 
     def handshake(self, gen: GenParams | None = None) -> GenParams:
@@ -273,8 +305,7 @@ class RingStage:
         for step in range(gen.max_new_tokens):
             t0 = time.perf_counter()
             pos = self.pos
-            out = self.compute.forward(x, pos)
-            compute_ms = (time.perf_counter() - t0) * 1e3
+            out, compute_ms, real_ms = self._forward(x, pos, step)
             self.pos += x.shape[1]
             send_ms, nbytes, wait_ms = 0.0, 0, 0.0
             if self.num_stages == 1:
@@ -283,6 +314,7 @@ class RingStage:
                 )
             else:
                 send_ms, nbytes = self._send("hidden", {HIDDEN: out}, step=step, pos=pos)
+                self._after_send()
                 msg, wait_ms = self._recv(["token"])
                 if msg.meta.get("step") != step:
                     raise ProtocolError(
@@ -297,11 +329,18 @@ class RingStage:
                 tpot.append(trip_ms)
             self.tracer.emit(
                 "token", token=step, pos=pos, num_tokens=x.shape[1], compute_ms=compute_ms,
-                recv_wait_ms=wait_ms, send_ms=send_ms, bytes=nbytes, tpot_ms=trip_ms,
-                prefill=step == 0, token_id=token,
+                real_ms=real_ms, recv_wait_ms=wait_ms, send_ms=send_ms, bytes=nbytes,
+                tpot_ms=trip_ms, prefill=step == 0, token_id=token,
             )  # fmt: skip
             tokens.append(token)
-            if token in gen.eos_ids:
+            done = token in gen.eos_ids
+            if self._at_barrier(step):
+                if done or step + 1 >= gen.max_new_tokens:
+                    self.control.close("end of generation")
+                else:
+                    self.control.barrier(step=step, pos=self.pos, stats=self.stats)
+                    self.stats.reset()
+            if done:
                 reason = "eos"
                 break
             x = torch.tensor([[token]], dtype=torch.long)
@@ -335,10 +374,8 @@ class RingStage:
                     f"stage {self.index}: hidden states for position {pos} but this stage has "
                     f"processed {self.pos} tokens"
                 )
-            t0 = time.perf_counter()
             hidden = msg.tensors[HIDDEN]
-            out = self.compute.forward(hidden, pos)
-            compute_ms = (time.perf_counter() - t0) * 1e3
+            out, compute_ms, real_ms = self._forward(hidden, pos, step)
             num_tokens = hidden.shape[1]
             self.pos += num_tokens
             if self.is_tail:
@@ -354,7 +391,11 @@ class RingStage:
             msg.release()  # after the send: a pass-through output may still view the buffer
             self.tracer.emit(
                 "token", token=step, pos=pos, num_tokens=num_tokens, compute_ms=compute_ms,
-                recv_wait_ms=wait_ms, send_ms=send_ms, bytes=nbytes, prefill=step == 0,
-                **({"token_id": token} if token is not None else {}),
+                real_ms=real_ms, recv_wait_ms=wait_ms, send_ms=send_ms, bytes=nbytes,
+                prefill=step == 0, **({"token_id": token} if token is not None else {}),
             )  # fmt: skip
             served += 1
+            self._after_send()
+            if self._at_barrier(step):
+                self.control.barrier(step=step, pos=self.pos, stats=self.stats)
+                self.stats.reset()

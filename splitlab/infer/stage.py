@@ -12,6 +12,12 @@ every stage writes `RUN/traces/stage-<i>.jsonl`.
     python -m splitlab.infer.stage --stage 0 ... --prompt "Hello" --max-new-tokens 64
 
 `--model echo` runs a model-free stage (addressing, channels and parity only).
+
+`--window W` (> 0) turns on the control star and the window barrier: every stage also dials
+the head's listener as `ctrl-<i>` (the same HMAC handshake) and its successor's as `kv-<i>`
+(the neighbour pair's KV channel for migration); `--planner` (head) and `--drift` take the
+planner and drift config groups as JSON, e.g.
+`--planner '{"name": "forced_shift", "at_token": 100, "shift_k": 1, "boundary": 1}'`.
 """
 
 from __future__ import annotations
@@ -29,11 +35,16 @@ from typing import Any
 import torch
 
 from splitlab.config.enums import DType, LoaderKind
+from splitlab.config.schema import DriftConfig
 from splitlab.errors import ConfigError, ExitCode, SplitlabError
 from splitlab.infer.compute import EchoCompute, PartCompute, StageCompute
-from splitlab.infer.link import Listener, connect_ring, session_key
+from splitlab.infer.ctrl_link import CtrlSocket
+from splitlab.infer.link import Listener, connect_all, session_key
+from splitlab.infer.migration import Migrator
 from splitlab.infer.parity import stage_versions
+from splitlab.infer.planners import make_planner
 from splitlab.infer.ring import GenParams, RingStage, StageIdentity
+from splitlab.infer.window import HeadControl, StageControl
 from splitlab.models.plan import Span, ring_plan
 from splitlab.telemetry.log import setup_logging
 from splitlab.telemetry.trace import Tracer
@@ -89,9 +100,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--connect-timeout-s", type=float, default=180.0, help="ring set-up (loads included)"
     )
     p.add_argument("--num-layers", type=int, default=0, help="echo model only: its block count")
+    p.add_argument(
+        "--window", type=int, default=0, help="W decode tokens per barrier; 0 = no control plane"
+    )
+    p.add_argument(
+        "--ctrl-timeout-s", type=float, default=5.0, help="control waits inside a barrier"
+    )
+    p.add_argument("--planner", default='{"name": "noop"}', help="head: planner config as JSON")
+    p.add_argument("--drift", default=None, help="drift config as JSON (DriftConfig fields)")
+    p.add_argument("--ctrl-fault", default=None, choices=["nack", "hang"], help="testing only")
     # head only
     p.add_argument("--prompt", default="What is the capital of France?")
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    p.add_argument(
+        "--prompt-ids", default=None, help="token ids 1,2,3 instead of --prompt (no EOS)"
+    )
     p.add_argument(
         "--tokenizer", default=None, help="tokenizer asset/folder (default: the model's)"
     )
@@ -162,6 +185,7 @@ def build_compute(
         }
         meta = {"shard_load": asdict(report), "owned_bytes": owned_bytes(index, span, dtype=args.dtype),
                 "model_folder": str(folder)}  # fmt: skip
+        args.checkpoint_index = index  # migration loads blocks from this stage's own copy
     for item in args.parity_override:
         name, _, value = item.partition("=")
         versions[name] = value
@@ -172,12 +196,54 @@ def build_compute(
     return compute, identity, meta, config
 
 
+def build_control(args: argparse.Namespace, compute: StageCompute, identity: StageIdentity,
+                  accepted: dict, dialled: dict, tracer: Tracer) -> tuple[Any, Any]:  # fmt: skip
+    """This stage's window control (head: planner + control star) and its drift source."""
+    from splitlab.drift.source import make_source
+
+    me, n = args.stage, identity.num_stages
+    cuts = [int(c) for c in args.cuts.split(",") if c.strip()] if args.cuts else []
+    if len(cuts) != n - 1:
+        raise ConfigError("--window needs --cuts (the ring's configuration), not --blocks")
+    drift = None
+    if args.drift:
+        cfg = DriftConfig(**json.loads(args.drift))
+        drift = make_source(cfg, stage=me, num_stages=n, run_id=args.run_id,
+                            run_dir=Path(args.run_dir) if args.run_dir and me == 0 else None)  # fmt: skip
+    kv_prev = accepted.pop(f"kv-{me - 1}", None)
+    kv_next = dialled.pop(f"kv-{me}", None)
+    for link in (kv_prev, kv_next):
+        if link is not None:
+            link.sock.settimeout(args.ctrl_timeout_s)
+            link.timeout_s = args.ctrl_timeout_s
+    migrator = Migrator(stage=me, compute=compute, cuts=cuts, num_layers=identity.num_layers,
+                        index=getattr(args, "checkpoint_index", None), dtype=args.dtype,
+                        kv_prev=kv_prev, kv_next=kv_next, timeout_s=args.ctrl_timeout_s)  # fmt: skip
+    if me == 0:
+        ctrls = {i: CtrlSocket(accepted.pop(f"ctrl-{i}").sock, peer=f"stage-{i}",
+                               timeout_s=args.ctrl_timeout_s) for i in range(1, n)}  # fmt: skip
+        params = json.loads(args.planner)
+        planner = make_planner(params.pop("name"), **params)
+        control = HeadControl(window=args.window, ctrls=ctrls, migrator=migrator, planner=planner,
+                              drift=drift, tracer=tracer, timeout_s=args.ctrl_timeout_s)  # fmt: skip
+    else:
+        ctrl = CtrlSocket(dialled.pop(f"ctrl-{me}").sock, peer="stage-0 (head)",
+                          timeout_s=args.ctrl_timeout_s)  # fmt: skip
+        control = StageControl(stage=me, window=args.window, ctrl=ctrl, migrator=migrator,
+                               drift=drift, tracer=tracer, timeout_s=args.ctrl_timeout_s,
+                               entry_timeout_s=args.timeout_s, fault=args.ctrl_fault)  # fmt: skip
+    return control, drift
+
+
 def head_inputs(args: argparse.Namespace, config: Any) -> tuple[torch.Tensor, GenParams, Any]:
     """Prompt ids, generation params and the tokenizer (None for the echo model)."""
     gen_kwargs = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                       top_k=args.top_k, seed=args.seed)  # fmt: skip
     if config is None:
         return torch.tensor([[1, 2, 3]]), GenParams.from_dict(gen_kwargs), None
+    if args.prompt_ids:
+        ids = [int(i) for i in args.prompt_ids.split(",") if i.strip()]
+        return torch.tensor([ids]), GenParams.from_dict(gen_kwargs), None
     from transformers import AutoTokenizer
 
     from splitlab.infer.prompt import encode_prompt, eos_ids
@@ -224,21 +290,39 @@ def run_stage(args: argparse.Namespace) -> int:
     log.info("stage %d/%d: blocks [%d, %d) loaded in %.0f ms; bound %s:%d",
              args.stage, n, identity.start, identity.stop, load_ms, args.bind, listener.port)  # fmt: skip
     up = down = stage = None
+    extra_links: list = []
+    control = drift = None
     try:
         if n > 1:
-            nxt = (args.stage + 1) % n
-            up, down = connect_ring(
-                listener, next_host=hosts[nxt], next_port=args.base_port + nxt, key=key,
-                session=args.run_id, me=f"stage-{args.stage}", prev=f"stage-{(args.stage - 1) % n}",
-                nxt=f"stage-{nxt}", connect_timeout_s=args.connect_timeout_s, timeout_s=args.timeout_s,
+            me, nxt, prev = args.stage, (args.stage + 1) % n, (args.stage - 1) % n
+            ctrl_host = args.ctrl_host or hosts[0]
+            dials = [(hosts[nxt], args.base_port + nxt, f"stage-{me}", f"stage-{nxt}")]
+            expect = {f"stage-{prev}"}
+            if args.window > 0:
+                if me > 0:
+                    dials.append((ctrl_host, args.base_port, f"ctrl-{me}", "stage-0"))
+                    expect.add(f"kv-{me - 1}")
+                else:
+                    expect |= {f"ctrl-{i}" for i in range(1, n)}
+                if me < n - 1:
+                    dials.append(
+                        (hosts[me + 1], args.base_port + me + 1, f"kv-{me}", f"stage-{me + 1}")
+                    )
+            accepted, dialled = connect_all(
+                listener, dials=dials, expect=expect, key=key, session=args.run_id,
+                me=f"stage-{me}", connect_timeout_s=args.connect_timeout_s, timeout_s=args.timeout_s,
             )  # fmt: skip
+            up, down = accepted.pop(f"stage-{prev}"), dialled.pop(f"stage-{me}")
+            extra_links = [*accepted.values(), *dialled.values()]
             tracer.emit("links", up=up.peer_addr, down=down.peer_addr)
             log.info(
                 "linked: from %s (%s), to %s (%s)", up.peer, up.peer_addr, down.peer, down.peer_addr
             )
+            if args.window > 0:
+                control, drift = build_control(args, compute, identity, accepted, dialled, tracer)
         stage = RingStage(identity=identity, compute=compute, up=up, down=down, tracer=tracer,
                           strict_parity=not args.no_strict_parity, timeout_s=args.timeout_s,
-                          session=args.run_id)  # fmt: skip
+                          session=args.run_id, control=control, drift=drift)  # fmt: skip
         if args.stage == 0:
             prompt_ids, gen, tokenizer = head_inputs(args, config)
             result = stage.generate(prompt_ids, stage.handshake(gen))
@@ -261,9 +345,11 @@ def run_stage(args: argparse.Namespace) -> int:
             stage.abort_downstream(exc)
         raise
     finally:
-        for link in (up, down):
+        for link in (up, down, *extra_links):
             if link is not None:
                 link.close()
+        if drift is not None:
+            drift.close()
         listener.close()
         tracer.close()
     return 0

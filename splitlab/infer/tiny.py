@@ -37,7 +37,8 @@ def reference_tokens(folder: Path, prompt_ids: torch.Tensor, gen: GenParams) -> 
 
 
 def local_ring(folder: Path, cuts: list[int], prompt_ids: torch.Tensor, gen: GenParams,
-               ) -> tuple[RingResult, list[PartCompute]]:  # fmt: skip
+               **ring_kwargs) -> tuple[RingResult, list[PartCompute]]:  # fmt: skip
+    """An in-process ring over `folder`; `ring_kwargs` go to `run_local_ring` (window, planner...)."""
     index = open_checkpoint(folder)
     num_layers = index.family.num_layers(index.config)
     spans = ring_plan(num_layers, cuts)
@@ -54,4 +55,7 @@ def local_ring(folder: Path, cuts: list[int], prompt_ids: torch.Tensor, gen: Gen
         )  # fmt: skip
         for i, s in enumerate(spans)
     ]
-    return run_local_ring(computes, identities, prompt_ids, gen, timeout_s=30.0), computes
+    ring_kwargs.setdefault("timeout_s", 30.0)
+    if ring_kwargs.get("window"):
+        ring_kwargs.setdefault("index", index)
+    return run_local_ring(computes, identities, prompt_ids, gen, **ring_kwargs), computes

@@ -7,10 +7,13 @@ and prints the generated text.
 
     splitlab task=infer                                  # 3-stage SmolLM2 ring on loopback
     splitlab task=infer model=tiny_llama architecture.peer_hosts=[127.0.0.1,127.0.0.2,127.0.0.3]
+    splitlab task=infer planner=forced_shift planner.at_token=40 task.max_new_tokens=80
+    splitlab task=infer planner=adaptive drift=one_slow_node
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import random
@@ -20,6 +23,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 
 from splitlab.config.enums import ModelSource
@@ -46,6 +50,10 @@ class RingLayout:
     device: str = "cpu"
     ctrl_host: str | None = None
     extra: list[str] = field(default_factory=list)  # passed to every stage
+    window: int = 0  # W decode tokens per barrier; 0 = no control plane
+    ctrl_timeout_s: float = 5.0  # control waits inside a barrier
+    planner: dict | None = None  # planner config fields (head), e.g. {"name": "noop"}
+    drift: dict | None = None  # drift config fields (every stage); None = no drift
 
     @property
     def num_stages(self) -> int:
@@ -82,6 +90,12 @@ def stage_argv(layout: RingLayout, stage: int, *, run_dir: str | None,
     ]  # fmt: skip
     if layout.ctrl_host:
         argv += ["--ctrl-host", layout.ctrl_host]
+    if layout.window > 0:
+        argv += ["--window", str(layout.window), "--ctrl-timeout-s", str(layout.ctrl_timeout_s)]
+        if stage == 0:
+            argv += ["--planner", json.dumps(layout.planner or {"name": "noop"})]
+    if layout.drift is not None:
+        argv += ["--drift", json.dumps(layout.drift)]
     if run_dir:
         argv += ["--run-dir", str(run_dir)]
     if stage == 0:
@@ -157,8 +171,23 @@ def layout_from_config(cfg: Config, model: str, *, run_id: str) -> RingLayout:
     return RingLayout(
         model=model, cuts=cuts, hosts=hosts, base_port=base_port, run_id=run_id,
         loader=ring.loader.value, dtype=cfg.model.dtype.value, device=cfg.device,
-        ctrl_host=ring.ctrl_host, extra=extra,
+        ctrl_host=ring.ctrl_host, extra=extra, window=ring.window,
+        ctrl_timeout_s=ring.ctrl_timeout_s, planner=plain(cfg.planner), drift=drift_fields(cfg),
     )  # fmt: skip
+
+
+def plain(obj: object) -> dict | None:
+    """A config dataclass as a JSON-ready dict (enums by value)."""
+    if obj is None or not dataclasses.is_dataclass(obj):
+        return None
+    return {k: (v.value if isinstance(v, Enum) else v) for k, v in dataclasses.asdict(obj).items()}
+
+
+def drift_fields(cfg: Config) -> dict | None:
+    d = plain(cfg.drift)
+    if d is None or d.get("name") == "none" or d.get("source") == "none":
+        return None
+    return d
 
 
 def run_ring(layout: RingLayout, *, run_dir: str | Path, head_args: Sequence[str] = (),

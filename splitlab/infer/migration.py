@@ -1,0 +1,250 @@
+"""Migration between neighbouring stages: pre-stage, commit, abort, release (one stage's side).
+
+For a proposed configuration the `Migrator` works out this stage's moves
+(`splitlab.infer.reshard.moves_between`) and pre-stages them:
+
+1. donor side: one sender thread per outgoing transfer sends the moved blocks' KV to the
+   neighbour over that pair's dedicated KV channel (a multi-megabyte send blocks once the
+   socket buffer fills, and both neighbours are busy pre-staging);
+2. receiver side: the blocks' weights come from this stage's own checkpoint copy
+   (`load_blocks`: a local read, not a transfer) and are resident before the KV, received
+   next, is installed into the staging area;
+3. every sender is joined before the stage answers ACK.
+
+Nothing live changes before COMMIT: the donor still owns (and could keep decoding with) every
+block it sent, which is what makes an abort recoverable. `commit` swaps pointers on both
+sides, `abort` drops the staging area, `release` frees what the commit detached, timed apart.
+
+KV frame on a neighbour channel: kind "kv", meta {epoch, layer_ids, pos}, tensors k<i>, v<i>
+(1 x kv heads x pos x head dim each); its size is asserted to be
+len(layer_ids) x pos x 2 x kv heads x head dim x dtype bytes.
+
+    .venv/bin/python tools/check_migration.py --tokens 40 --shift-at 20
+    .venv/bin/pytest tests/equivalence/test_migration_ring.py -q
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from splitlab.errors import ProtocolError, SplitlabError, WaitTimeoutError
+from splitlab.infer.compute import PartCompute, StageCompute
+from splitlab.infer.reshard import Move, moves_between, span_bounds, stage_moves
+from splitlab.models.shard import CheckpointIndex, load_blocks
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PrestageReport:
+    """What one pre-stage did (the receiver's terms of a shift's pause)."""
+
+    moves: list[dict[str, Any]] = field(default_factory=list)  # {boundary, k, donor, receiver}
+    weights_ms: float = 0.0  # load_blocks of incoming blocks (construct + read)
+    kv_ms: float = 0.0  # waiting for, receiving and installing incoming KV
+    send_ms: float = 0.0  # outgoing KV senders, until joined
+    kv_bytes_in: int = 0
+    kv_bytes_out: int = 0
+    kv_bytes_per_block_token: int = 0  # 2 x kv heads x head dim x dtype bytes
+
+    @property
+    def moved(self) -> bool:
+        return bool(self.moves)
+
+
+class Migrator:
+    """One stage's migration machinery (see module docstring)."""
+
+    def __init__(self, *, stage: int, compute: StageCompute, cuts: Sequence[int], num_layers: int,
+                 index: CheckpointIndex | None = None, dtype: str = "auto",
+                 kv_prev: Any = None, kv_next: Any = None, timeout_s: float = 5.0) -> None:  # fmt: skip
+        self.stage, self.compute, self.num_layers = stage, compute, num_layers
+        self.cuts = tuple(cuts)
+        self.index, self.dtype, self.timeout_s = index, dtype, timeout_s
+        self.kv_prev, self.kv_next = kv_prev, kv_next
+        self._pending: tuple[tuple[int, ...], tuple[Move, ...]] | None = None
+
+    def _port(self, neighbour: int) -> Any:
+        port = self.kv_prev if neighbour < self.stage else self.kv_next
+        if port is None:
+            raise ProtocolError(f"stage {self.stage}: no KV channel to stage {neighbour}")
+        return port
+
+    def prestage(self, cuts: Sequence[int], *, pos: int, epoch: int) -> PrestageReport:
+        """Get ready to run under `cuts` (everything, or raise: the caller NACKs)."""
+        cuts = tuple(cuts)
+        moves = moves_between(self.cuts, cuts, self.num_layers)
+        incoming, outgoing = stage_moves(self.stage, moves)
+        report = PrestageReport(
+            moves=[
+                {
+                    "boundary": m.boundary,
+                    "k": m.k,
+                    "donor": m.donor,
+                    "receiver": m.receiver,
+                    "layer_ids": list(m.layer_ids),
+                }
+                for m in moves
+                if self.stage in (m.donor, m.receiver)
+            ]  # fmt: skip
+        )
+        self._pending = (cuts, moves)
+        if not (incoming or outgoing):
+            return report
+        compute = self.compute
+        if not isinstance(compute, PartCompute):
+            raise ProtocolError(f"stage {self.stage}: a model-free stage cannot migrate blocks")
+        per_token = compute.bytes_per_token_kv()
+        report.kv_bytes_per_block_token = per_token
+        t_send = time.perf_counter()
+        senders, errors, owed = [], [], list(outgoing)
+        try:
+            self._start_senders(
+                outgoing, owed, senders, errors, pos=pos, epoch=epoch, report=report
+            )
+        except BaseException:
+            self._cancel(owed, epoch)
+            raise
+        return self._receive(incoming, senders, errors, pos=pos, epoch=epoch, report=report,
+                             t_send=t_send)  # fmt: skip
+
+    def _cancel(self, owed: list[Move], epoch: int) -> None:
+        """Tell receivers still waiting for KV that it will not come (best effort)."""
+        for m in owed:
+            try:
+                self._port(m.receiver).send("kv_cancel", {}, meta={"epoch": epoch})
+            except Exception:
+                pass
+
+    def _start_senders(self, outgoing, owed, senders, errors, *, pos, epoch, report) -> None:  # noqa: ANN001
+        compute = self.compute
+        assert isinstance(compute, PartCompute)
+        per_token = report.kv_bytes_per_block_token
+        for m in outgoing:
+            tensors = {k: t.contiguous() for k, t in compute.export_kv(m.layer_ids).items()}
+            nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+            if nbytes != len(m.layer_ids) * pos * per_token:
+                raise ProtocolError(
+                    f"stage {self.stage}: KV of blocks {list(m.layer_ids)} is {nbytes} bytes, "
+                    f"expected {len(m.layer_ids)} x {pos} tokens x {per_token} B"
+                )
+            report.kv_bytes_out += nbytes
+            port = self._port(m.receiver)
+            meta = {"epoch": epoch, "layer_ids": list(m.layer_ids), "pos": pos}
+
+            def send(port: Any = port, tensors: dict = tensors, meta: dict = meta) -> None:
+                try:
+                    port.send("kv", tensors, meta=meta)
+                except BaseException as exc:  # re-raised after the join
+                    errors.append(exc)
+
+            thread = threading.Thread(target=send, name=f"kv-send-{self.stage}", daemon=True)
+            thread.start()
+            senders.append(thread)
+            owed.remove(m)
+
+    def _receive(self, incoming, senders, errors, *, pos, epoch, report, t_send) -> PrestageReport:  # noqa: ANN001
+        compute = self.compute
+        assert isinstance(compute, PartCompute)
+        per_token = report.kv_bytes_per_block_token
+        try:
+            if incoming:
+                t0 = time.perf_counter()
+                wanted = [i for m in incoming for i in m.layer_ids]
+                part = compute.part
+                blocks = load_blocks(
+                    self.index, wanted, dtype=self.dtype,
+                    block_factory=lambda _config, i: part.adapter.block_factory(part.config, i),
+                )  # fmt: skip
+                compute.stage_blocks(blocks)
+                t1 = time.perf_counter()
+                for m in incoming:
+                    msg = self._port(m.donor).recv(timeout_s=self.timeout_s)
+                    while int(msg.meta.get("epoch", epoch)) < epoch:  # left over from an abort
+                        msg.release()
+                        msg = self._port(m.donor).recv(timeout_s=self.timeout_s)
+                    try:
+                        self._check_kv(msg, m, pos=pos, epoch=epoch)
+                        nbytes = compute.stage_kv(msg.tensors, m.layer_ids)
+                    finally:
+                        msg.release()
+                    expect = len(m.layer_ids) * pos * per_token if per_token else nbytes
+                    if nbytes != expect:
+                        raise ProtocolError(
+                            f"stage {self.stage}: KV for {list(m.layer_ids)} is {nbytes} bytes, "
+                            f"expected {expect}"
+                        )
+                    report.kv_bytes_in += nbytes
+                    if not per_token:
+                        report.kv_bytes_per_block_token = nbytes // max(1, len(m.layer_ids) * pos)
+                t2 = time.perf_counter()
+                report.weights_ms, report.kv_ms = (t1 - t0) * 1e3, (t2 - t1) * 1e3
+        finally:
+            deadline = time.monotonic() + self.timeout_s
+            for thread in senders:
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
+            report.send_ms = (time.perf_counter() - t_send) * 1e3
+        if any(t.is_alive() for t in senders):
+            raise WaitTimeoutError(
+                f"stage {self.stage}: KV send did not finish within timeout_s={self.timeout_s}"
+            )
+        if errors:
+            raise errors[0]
+        return report
+
+    def _check_kv(self, msg: Any, move: Move, *, pos: int, epoch: int) -> None:
+        meta = msg.meta
+        if msg.kind == "kv_cancel":
+            raise ProtocolError(f"stage {self.stage}: stage {move.donor} cancelled its KV transfer")
+        if msg.kind != "kv" or meta.get("epoch") != epoch:
+            raise ProtocolError(
+                f"stage {self.stage}: expected KV of epoch {epoch}, got {msg.kind!r} "
+                f"epoch {meta.get('epoch')}"
+            )
+        if list(meta.get("layer_ids", ())) != list(move.layer_ids) or meta.get("pos") != pos:
+            raise ProtocolError(
+                f"stage {self.stage}: KV for blocks {meta.get('layer_ids')} at pos "
+                f"{meta.get('pos')}, expected {list(move.layer_ids)} at {pos}"
+            )
+
+    def commit(self) -> float:
+        """Apply the pre-staged configuration; returns the pointer-swap time (ms)."""
+        if self._pending is None:
+            raise ProtocolError(f"stage {self.stage}: commit without a pre-staged configuration")
+        cuts, moves = self._pending
+        self._pending = None
+        t0 = time.perf_counter()
+        incoming, outgoing = stage_moves(self.stage, moves)
+        if incoming or outgoing:
+            start, stop = span_bounds(cuts, self.num_layers, self.stage)
+            assert isinstance(self.compute, PartCompute)
+            self.compute.commit(start, stop)
+        self.cuts = cuts
+        return (time.perf_counter() - t0) * 1e3
+
+    def abort(self) -> None:
+        self._pending = None
+        if isinstance(self.compute, PartCompute):
+            self.compute.drop_staged()
+
+    @property
+    def release_pending(self) -> bool:
+        return isinstance(self.compute, PartCompute) and self.compute.release_pending
+
+    def release(self) -> float:
+        if not isinstance(self.compute, PartCompute):
+            return 0.0
+        return self.compute.release()
+
+
+def prestage_error(stage: int, exc: BaseException) -> str:
+    """The NACK reason for a failed pre-stage."""
+    if isinstance(exc, SplitlabError):
+        return f"stage {stage}: {exc}"
+    log.exception("stage %d: pre-stage failed", stage)
+    return f"stage {stage}: {type(exc).__name__}: {exc}"

@@ -1,0 +1,341 @@
+"""The window barrier in the ring: the head coordinates, every other stage participates.
+
+Every W decode tokens (after decode step s with s % W == 0) every stage steps off the data
+ring into the barrier; the data ring is drained at that point (the head only proposes after
+the token of step s came back), so nothing is in flight while blocks move.
+
+Head (`HeadControl`): asks the planner for the next cuts (from the statistics and observations
+of the previous barrier's ACKs), sends PROPOSE{e} to every stage, pre-stages its own share,
+collects one answer per stage, then sends COMMIT{e} (every ACK) or ABORT{e} (a NACK: the ring
+keeps its configuration and decodes on). A stage that times out or is lost aborts e as fatal:
+the survivors hear ABORT{fatal} and stop, the head raises, no further token is emitted.
+When generation ends at a barrier step the head sends CLOSE instead.
+
+Stage (`StageControl`): waits for PROPOSE or CLOSE, pre-stages (`Migrator.prestage`), answers
+ACK with its drift observation and window statistics (or NACK), applies only on COMMIT{e}.
+
+Telemetry: one `window` record per barrier per stage (epoch, barrier_ms, prestage_ms,
+commit_ms, release_ms, n_acks, aborted, decision, obs, cuts, token) and one `migration` record
+per move a stage takes part in (boundary, k, role, weights_ms, kv_ms, commit_ms, pause_ms,
+kv_bytes, kv_bytes_per_block_token, release_ms). Release (gc, empty_cache) runs after the
+stage's next send, while it would otherwise wait on the ring, and is reported on its own.
+
+    .venv/bin/pytest tests/integration/test_barrier_tcp.py -q
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from splitlab.drift.contract import DriftSource, Observation
+from splitlab.errors import (
+    AbortedError,
+    PeerLostError,
+    ProtocolError,
+    SplitlabError,
+    WaitTimeoutError,
+)
+from splitlab.infer.barrier import HeadBarrier, StageAction, StageBarrier
+from splitlab.infer.ctrl import Abort, Ack, Close, Commit, CtrlMessage, Nack, Propose
+from splitlab.infer.migration import Migrator, PrestageReport, prestage_error
+from splitlab.infer.planners import Planner, StageStats, WindowView
+from splitlab.telemetry.trace import Tracer
+
+log = logging.getLogger(__name__)
+
+
+class CtrlPipe(Protocol):
+    def send(self, msg: CtrlMessage) -> None: ...
+
+    def recv(self, *, timeout_s: float | None = None) -> CtrlMessage: ...
+
+
+@dataclass
+class WindowStats:
+    """Per-token compute of one stage over the current window (decode tokens only)."""
+
+    compute_ms: list[float] = field(default_factory=list)
+    real_ms: list[float] = field(default_factory=list)
+    blocks_ms: list[float] = field(default_factory=list)
+
+    def add(self, *, compute_ms: float, real_ms: float, blocks_ms: float) -> None:
+        self.compute_ms.append(compute_ms)
+        self.real_ms.append(real_ms)
+        self.blocks_ms.append(blocks_ms)
+
+    def summary(self, num_blocks: int) -> dict[str, Any]:
+        if not self.compute_ms:
+            return {}
+        mean = statistics.fmean
+        return {"num_blocks": num_blocks, "tokens": len(self.compute_ms),
+                "compute_ms": mean(self.compute_ms), "real_ms": mean(self.real_ms),
+                "blocks_ms": mean(self.blocks_ms)}  # fmt: skip
+
+    def reset(self) -> None:
+        self.compute_ms.clear()
+        self.real_ms.clear()
+        self.blocks_ms.clear()
+
+
+def observe(drift: DriftSource | None, token: int) -> dict[str, float] | None:
+    """The stage's observation at `token`, checked against the four-key contract."""
+    if drift is None:
+        return None
+    return Observation.from_dict(drift.observe(token)).to_dict()
+
+
+def _num_blocks(migrator: Migrator, stage: int) -> int:
+    bounds = [0, *migrator.cuts, migrator.num_layers]
+    return bounds[stage + 1] - bounds[stage]
+
+
+def _migration_records(report: PrestageReport, *, stage: int, epoch: int, token: int,
+                       commit_ms: float) -> list[dict[str, Any]]:  # fmt: skip
+    out = []
+    for move in report.moves:
+        receiver = move["receiver"] == stage
+        weights_ms = report.weights_ms if receiver else 0.0
+        kv_ms = report.kv_ms if receiver else report.send_ms
+        out.append({
+            "epoch": epoch, "token": token, "boundary": move["boundary"], "k": move["k"],
+            "layer_ids": move["layer_ids"], "role": "receiver" if receiver else "donor",
+            "weights_ms": weights_ms, "kv_ms": kv_ms, "commit_ms": commit_ms,
+            "pause_ms": weights_ms + kv_ms + commit_ms,
+            "kv_bytes": report.kv_bytes_in if receiver else report.kv_bytes_out,
+            "kv_bytes_per_block_token": report.kv_bytes_per_block_token,
+        })  # fmt: skip
+    return out
+
+
+class _Deferred:
+    """Records held until the post-commit release ran (its time goes into them)."""
+
+    def __init__(self, tracer: Tracer, migrator: Migrator) -> None:
+        self.tracer, self.migrator = tracer, migrator
+        self.records: list[tuple[str, dict[str, Any]]] = []
+
+    def emit(self, records: list[tuple[str, dict[str, Any]]]) -> None:
+        if self.migrator.release_pending:
+            self.records.extend(records)
+        else:
+            for kind, rec in records:
+                self.tracer.emit(kind, **rec, release_ms=0.0)
+
+    def after_send(self) -> None:
+        if not self.records and not self.migrator.release_pending:
+            return
+        release_ms = self.migrator.release()
+        for kind, rec in self.records:
+            self.tracer.emit(kind, **rec, release_ms=release_ms)
+        self.records.clear()
+
+
+class StageControl:
+    """A non-head stage's side of the barrier."""
+
+    def __init__(self, *, stage: int, window: int, ctrl: CtrlPipe, migrator: Migrator,
+                 drift: DriftSource | None = None, tracer: Tracer | None = None,
+                 timeout_s: float = 5.0, entry_timeout_s: float = 300.0,
+                 fault: str | None = None) -> None:  # fmt: skip
+        self.stage, self.window, self.ctrl, self.migrator = stage, window, ctrl, migrator
+        self.drift, self.tracer = drift, tracer or Tracer.null()
+        self.timeout_s, self.entry_timeout_s = timeout_s, entry_timeout_s
+        self.fault = fault  # testing only: "nack" refuses every epoch, "hang" stalls in pre-stage
+        self.state = StageBarrier(stage)
+        self.deferred = _Deferred(self.tracer, migrator)
+
+    def barrier(self, *, step: int, pos: int, stats: WindowStats) -> bool:
+        """Run one barrier; False when the head closed instead (generation is ending)."""
+        t_wait = time.perf_counter()
+        msg = self.ctrl.recv(timeout_s=self.entry_timeout_s)
+        if isinstance(msg, Close):
+            return False
+        if not isinstance(msg, Propose):
+            raise ProtocolError(f"stage {self.stage}: expected PROPOSE or CLOSE, got {msg.kind!r}")
+        t0 = time.perf_counter()
+        wait_ms = (t0 - t_wait) * 1e3
+        if msg.token != step:
+            raise ProtocolError(f"stage {self.stage}: PROPOSE at token {msg.token}, this stage is at {step}")  # fmt: skip
+        action = self.state.on_message(msg)
+        assert action is StageAction.PRESTAGE, action
+        propose, report, answer = msg, PrestageReport(), None
+        obs = observe(self.drift, step)
+        try:
+            if self.fault == "hang":
+                time.sleep(3600)
+            report = self.migrator.prestage(msg.cuts, pos=pos, epoch=msg.epoch)
+            if self.fault == "nack":  # pre-staged (its KV went out), then refuses
+                raise ProtocolError("refusing every epoch (fault injection)")
+            answer = Ack(epoch=msg.epoch, stage=self.stage, obs=obs,
+                         stats=stats.summary(_num_blocks(self.migrator, self.stage)),
+                         prestage_ms=(time.perf_counter() - t0) * 1e3)  # fmt: skip
+        except Exception as exc:
+            self.migrator.abort()
+            answer = Nack(epoch=msg.epoch, stage=self.stage, reason=prestage_error(self.stage, exc))
+        prestage_ms = (time.perf_counter() - t0) * 1e3
+        self.ctrl.send(self.state.answered(answer))
+        while True:
+            try:
+                reply = self.ctrl.recv(timeout_s=self.timeout_s)
+            except SplitlabError as exc:
+                self.migrator.abort()
+                raise type(exc)(f"stage {self.stage}: epoch {msg.epoch} neither committed nor aborted ({exc}); stopping") from exc  # fmt: skip
+            action = self.state.on_message(reply)
+            if action is StageAction.REANSWER:
+                self.ctrl.send(answer)
+            elif action in (StageAction.APPLY, StageAction.DROP):
+                break
+        commit_ms, aborted = 0.0, action is StageAction.DROP
+        if aborted:
+            self.migrator.abort()
+        else:
+            commit_ms = self.migrator.commit()
+        record = {"epoch": msg.epoch, "token": step, "barrier_ms": (time.perf_counter() - t0) * 1e3,
+                  "wait_ms": wait_ms, "prestage_ms": prestage_ms, "commit_ms": commit_ms,
+                  "n_acks": None, "aborted": aborted, "decision": propose.decision, "obs": obs,
+                  "cuts": list(self.migrator.cuts), "nack": isinstance(answer, Nack)}  # fmt: skip
+        records = [("window", record)]
+        if not aborted:
+            records += [("migration", r) for r in _migration_records(
+                report, stage=self.stage, epoch=msg.epoch, token=step, commit_ms=commit_ms)]  # fmt: skip
+        self.deferred.emit(records)
+        if aborted and isinstance(reply, Abort) and reply.fatal:
+            raise AbortedError(
+                f"stage {self.stage}: the head aborted epoch {msg.epoch}: {reply.reason}"
+            )
+        return True
+
+    def after_send(self) -> None:
+        self.deferred.after_send()
+
+    def close(self) -> None:
+        pass
+
+
+class HeadControl:
+    """The head's side: planner, PROPOSE/COMMIT, and its own pre-stage."""
+
+    def __init__(self, *, window: int, ctrls: Mapping[int, CtrlPipe], migrator: Migrator,
+                 planner: Planner, drift: DriftSource | None = None,
+                 tracer: Tracer | None = None, timeout_s: float = 5.0) -> None:  # fmt: skip
+        self.window, self.ctrls, self.migrator, self.planner = (
+            window,
+            dict(ctrls),
+            migrator,
+            planner,
+        )
+        self.drift, self.tracer, self.timeout_s = drift, tracer or Tracer.null(), timeout_s
+        self.num_stages = len(migrator.cuts) + 1
+        check = getattr(planner, "check", None)
+        if check is not None:  # a plan that can never apply fails at start, not mid-run
+            check(migrator.cuts, migrator.num_layers)
+        self.state = HeadBarrier(frozenset(range(self.num_stages)))
+        self.last_stats: dict[int, StageStats | None] = {}
+        self.last_obs: dict[int, dict[str, float] | None] = {}
+        self.deferred = _Deferred(self.tracer, migrator)
+        self.decisions: list[dict[str, Any]] = []  # (for tools) every barrier's outcome
+
+    def _broadcast(self, msg: CtrlMessage, *, best_effort: bool = False) -> None:
+        for stage, ctrl in self.ctrls.items():
+            try:
+                ctrl.send(msg)
+            except SplitlabError as exc:
+                if not best_effort:
+                    raise PeerLostError(f"head: stage {stage} lost while sending {msg.kind}: {exc}") from exc  # fmt: skip
+
+    def _fail(self, epoch: int, reason: str, exc: SplitlabError) -> SplitlabError:
+        abort = self.state.on_failure(reason) or Abort(epoch=epoch, reason=reason)
+        self._broadcast(Abort(epoch=abort.epoch, reason=reason, fatal=True), best_effort=True)
+        self.migrator.abort()
+        self.tracer.emit("window", epoch=epoch, barrier_ms=None, prestage_ms=None, commit_ms=None,
+                         release_ms=0.0, n_acks=len(self.state.acks), aborted=True,
+                         decision=f"fatal: {reason}", obs=None, cuts=list(self.migrator.cuts))  # fmt: skip
+        return type(exc)(reason)
+
+    def barrier(self, *, step: int, pos: int, stats: WindowStats) -> None:
+        migrator = self.migrator
+        view = WindowView(
+            token=step, cuts=migrator.cuts, num_layers=migrator.num_layers, context=pos,
+            stats=tuple(self.last_stats.get(s) for s in range(self.num_stages)),
+            obs=tuple(self.last_obs.get(s) for s in range(self.num_stages)),
+        )  # fmt: skip
+        decision = self.planner.decide(view)
+        t0 = time.perf_counter()
+        propose = self.state.propose(token=step, cuts=decision.cuts, decision=decision.reason)
+        epoch = propose.epoch
+        try:
+            self._broadcast(propose)
+        except PeerLostError as exc:
+            raise self._fail(epoch, str(exc), exc) from exc
+        obs = observe(self.drift, step)
+        t1 = time.perf_counter()
+        report = PrestageReport()
+        try:
+            report = migrator.prestage(decision.cuts, pos=pos, epoch=epoch)
+            own: Ack | Nack = Ack(epoch=epoch, stage=0, obs=obs,
+                                  stats=stats.summary(_num_blocks(migrator, 0)))  # fmt: skip
+        except Exception as exc:
+            migrator.abort()
+            own = Nack(epoch=epoch, stage=0, reason=prestage_error(0, exc))
+        prestage_ms = (time.perf_counter() - t1) * 1e3
+        verdict = self.state.on_answer(own)
+        answers: dict[int, Ack | Nack] = {0: own}
+        deadline = time.monotonic() + self.timeout_s
+        for stage, ctrl in self.ctrls.items():
+            while stage not in answers:
+                try:
+                    msg = ctrl.recv(timeout_s=max(1e-3, deadline - time.monotonic()))
+                except (PeerLostError, WaitTimeoutError) as exc:
+                    reason = f"stage {stage} lost mid-barrier (epoch {epoch}): {exc}"
+                    log.error("%s; aborting and stopping the ring", reason)
+                    raise self._fail(epoch, reason, exc) from exc
+                if not isinstance(msg, (Ack, Nack)):
+                    raise ProtocolError(
+                        f"head: expected ACK/NACK from stage {stage}, got {msg.kind!r}"
+                    )
+                if msg.epoch == epoch:
+                    answers[stage] = msg
+                    verdict = self.state.on_answer(msg) or verdict
+        commit_ms = 0.0
+        if isinstance(verdict, Commit):
+            self._broadcast(verdict)
+            commit_ms = migrator.commit()
+        else:
+            assert isinstance(verdict, Abort), verdict
+            self._broadcast(verdict)
+            migrator.abort()
+            log.warning("epoch %d aborted: %s", epoch, verdict.reason)
+        barrier_ms = (time.perf_counter() - t0) * 1e3
+        for stage, answer in answers.items():
+            if isinstance(answer, Ack):
+                self.last_stats[stage] = StageStats.from_dict(stage, answer.stats)
+                self.last_obs[stage] = answer.obs
+        aborted = not isinstance(verdict, Commit)
+        n_acks = sum(isinstance(a, Ack) for a in answers.values())
+        record = {"epoch": epoch, "token": step, "barrier_ms": barrier_ms, "prestage_ms": prestage_ms,
+                  "commit_ms": commit_ms, "n_acks": n_acks, "aborted": aborted,
+                  "decision": decision.reason + (f"; aborted: {verdict.reason}" if aborted else ""),
+                  "obs": {str(s): a.obs for s, a in answers.items() if isinstance(a, Ack)},
+                  "stats": {str(s): a.stats for s, a in answers.items() if isinstance(a, Ack)},
+                  "cuts": list(migrator.cuts), "predicted_ms": list(decision.predicted_ms)}  # fmt: skip
+        self.decisions.append(record)
+        records = [("window", record)]
+        if not aborted:
+            records += [("migration", r) for r in _migration_records(
+                report, stage=0, epoch=epoch, token=step, commit_ms=commit_ms)]  # fmt: skip
+        self.deferred.emit(records)
+
+    def close(self, reason: str = "end") -> None:
+        self._broadcast(Close(reason=reason), best_effort=True)
+
+    def after_send(self) -> None:
+        self.deferred.after_send()
+
+
+def report_dict(report: PrestageReport) -> dict[str, Any]:
+    return asdict(report)

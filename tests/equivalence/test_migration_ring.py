@@ -1,0 +1,89 @@
+"""Moving blocks mid-generation changes no token: tiny Llama, 3 stages, every shift combo.
+
+In process (threads, in-process control pipes and KV channels) for every (boundary, k), and
+over TCP (three stage processes) with one scripted run that makes every combo in turn.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from splitlab.infer.planners import ForcedShift
+from splitlab.infer.ring import GenParams
+from splitlab.infer.tiny import local_ring, save_tiny
+from splitlab.launch.ring import RingLayout, pick_base_port, run_ring
+from splitlab.telemetry.trace import Tracer
+
+PROMPT = torch.tensor([[464, 3290, 286, 4881, 318, 257, 1588, 1748]])
+CUTS = [3, 6]
+GEN = GenParams(max_new_tokens=30)
+COMBOS = [(b, k) for b in (1, 2) for k in (1, -1, 2, -2)]
+
+
+@pytest.fixture(scope="module")
+def tiny9(tmp_path_factory):
+    return save_tiny(
+        "tiny_llama", tmp_path_factory.mktemp("tiny9"), overrides=("model.num_layers=9",)
+    )
+
+
+@pytest.fixture(scope="module")
+def noshift(tiny9) -> list[int]:
+    result, _ = local_ring(tiny9, CUTS, PROMPT, GEN, window=5)
+    assert all(not w["aborted"] for w in result.windows)
+    return result.token_ids
+
+
+@pytest.mark.parametrize(("boundary", "k"), COMBOS, ids=[f"b{b}{k:+d}" for b, k in COMBOS])
+def test_in_process_shift_keeps_every_token(
+    tiny9, noshift, boundary: int, k: int, tmp_path
+) -> None:
+    tracers = [Tracer.open(tmp_path / f"stage-{i}.jsonl", role="stage", rank=i) for i in range(3)]
+    result, computes = local_ring(tiny9, CUTS, PROMPT, GEN, window=5, tracers=tracers,
+                                  planner=ForcedShift(at_token=15, shift_k=k, boundary=boundary))  # fmt: skip
+    for t in tracers:
+        t.close()
+    assert result.token_ids == noshift
+    expected = list(CUTS)
+    expected[boundary - 1] += k
+    assert [c.span.start for c in computes[1:]] == expected
+    assert all(c.layer_ids == list(range(c.span.start, c.span.stop)) for c in computes)
+    moves = [json.loads(x) for i in range(3) for x in (tmp_path / f"stage-{i}.jsonl").open()]
+    moves = [r for r in moves if r["kind"] == "migration"]
+    assert {r["role"] for r in moves} == {"donor", "receiver"}
+    for r in moves:  # 2 x kv heads x head dim x fp32 bytes per block per token
+        assert r["kv_bytes_per_block_token"] == 2 * 2 * 8 * 4
+        assert r["kv_bytes"] == abs(k) * (8 + 15) * 128  # prompt + 15 decoded tokens deep
+
+
+def test_nack_aborts_the_epoch_and_decoding_goes_on(tiny9, noshift) -> None:
+    result, computes = local_ring(tiny9, CUTS, PROMPT, GEN, window=5, faults={1: "nack"},
+                                  planner=ForcedShift(at_token=15, shift_k=1, boundary=1))  # fmt: skip
+    assert result.token_ids == noshift
+    assert all(w["aborted"] for w in result.windows)
+    assert [c.span.start for c in computes[1:]] == CUTS  # nothing moved
+
+
+@pytest.mark.slow
+def test_tcp_every_combo_in_one_scripted_run(tiny9, noshift, tmp_path) -> None:
+    hosts = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+    shifts = []
+    for i, (b, k) in enumerate(
+        [(1, 1), (1, -1), (1, 2), (1, -2), (2, 1), (2, -1), (2, 2), (2, -2)]
+    ):
+        shifts.append([4 + 2 * i, b, k])  # each combo, then its reverse, returns to [3, 6]
+    layout = RingLayout(model=str(tiny9), cuts=CUTS, hosts=hosts, base_port=pick_base_port(hosts),
+                        run_id="tcp-shifts", extra=["--tokenizer", "gpt2_tokenizer"], window=2,
+                        planner={"name": "scripted", "shifts": shifts})  # fmt: skip
+    ids = ",".join(map(str, PROMPT[0].tolist()))
+    group, result = run_ring(layout, run_dir=tmp_path, timeout_s=240,
+                             head_args=["--max-new-tokens", "30", "--prompt-ids", ids])  # fmt: skip
+    assert group.exit_code == 0, group.diagnosis()
+    assert result["token_ids"] == noshift
+    windows = [json.loads(x) for x in (tmp_path / "traces" / "stage-0.jsonl").open()]
+    windows = [w for w in windows if w["kind"] == "window"]
+    assert sum(w["decision"].startswith("scripted: b") for w in windows) == 8
+    assert not any(w["aborted"] for w in windows)

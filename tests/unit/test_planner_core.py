@@ -1,0 +1,121 @@
+"""Planners (splitlab.infer.planners): noop, forced_shift, adaptive with hysteresis, cost model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from splitlab.errors import ConfigError
+from splitlab.infer.planners import (
+    Adaptive,
+    CostModel,
+    ForcedShift,
+    StageStats,
+    WindowView,
+    best_cuts,
+    make_planner,
+    predict,
+    stage_model,
+)
+
+
+def _stats(
+    stage: int, n: int, *, per_block: float = 1.0, fixed: float = 0.0, phi: float = 1.0
+) -> StageStats:
+    real = fixed + n * per_block
+    return StageStats(stage=stage, num_blocks=n, compute_ms=real * phi, real_ms=real,
+                      blocks_ms=n * per_block, tokens=20)  # fmt: skip
+
+
+def _view(cuts, stats, token=40, num_layers=30) -> WindowView:
+    return WindowView(token=token, cuts=tuple(cuts), num_layers=num_layers, stats=tuple(stats))
+
+
+def test_noop_never_moves() -> None:
+    d = make_planner("noop").decide(_view([10, 20], []))
+    assert d.cuts == (10, 20) and not d.moves((10, 20))
+
+
+def test_forced_shift_fires_once_at_or_after_its_token() -> None:
+    p = ForcedShift(at_token=100, shift_k=-2, boundary=2)
+    assert p.decide(_view([10, 20], [], token=80)).cuts == (10, 20)
+    assert p.decide(_view([10, 20], [], token=100)).cuts == (10, 18)
+    assert p.decide(_view([10, 18], [], token=120)).cuts == (10, 18)
+
+
+def test_forced_shift_check_refuses_an_impossible_plan_up_front() -> None:
+    with pytest.raises(ConfigError, match="planner.boundary"):
+        ForcedShift(at_token=1, shift_k=1, boundary=3).check((10, 20), 30)
+
+
+def test_stage_model_separates_fixed_cost_and_applies_the_slowdown() -> None:
+    fixed, rate = stage_model(
+        _stats(2, 10, per_block=1.0, fixed=8.0, phi=1.5), cost=None, context=0
+    )
+    assert fixed == pytest.approx(12.0) and rate == pytest.approx(1.5)
+    fixed, rate = stage_model(_stats(1, 10, phi=2.0), cost=CostModel(0.5, 0.01), context=100)
+    assert rate == pytest.approx((0.5 + 1.0) * 2.0)
+
+
+def test_best_cuts_equalises_predicted_stage_times() -> None:
+    models = [(0.0, 1.0), (0.0, 2.0), (0.0, 1.0)]
+    cuts = best_cuts(models, 30, start=(10, 20))
+    times = predict(cuts, models, 30)
+    assert max(times) - min(times) <= 2.0
+    assert cuts == (12, 18)
+
+
+def test_adaptive_moves_one_block_per_window_off_the_slow_stage() -> None:
+    planner = Adaptive(hysteresis=0.1)
+    cuts = (10, 20)
+    seen = []
+    for _ in range(10):
+        n = [cuts[0], cuts[1] - cuts[0], 30 - cuts[1]]
+        stats = [_stats(0, n[0]), _stats(1, n[1], phi=2.0), _stats(2, n[2])]
+        d = planner.decide(_view(cuts, stats))
+        assert sum(abs(a - b) for a, b in zip(d.cuts, cuts, strict=True)) <= 1
+        seen.append(d.cuts)
+        cuts = d.cuts
+    assert cuts[1] - cuts[0] < 10  # blocks left the slow stage
+    assert seen[-1] == seen[-2]  # settled, no oscillation
+
+
+def test_adaptive_holds_inside_hysteresis() -> None:
+    stats = [_stats(0, 10), _stats(1, 10, phi=1.05), _stats(2, 10)]
+    d = Adaptive(hysteresis=0.15).decide(_view([10, 20], stats))
+    assert d.cuts == (10, 20) and "hold" in d.reason
+
+
+def test_adaptive_waits_for_every_stage() -> None:
+    d = Adaptive().decide(_view([10, 20], [_stats(0, 10), None, _stats(2, 10)]))
+    assert d.cuts == (10, 20) and "waiting" in d.reason
+
+
+def test_adaptive_does_not_oscillate_under_noise() -> None:
+    """Balanced stages with +-5% noise: the planner holds on every window."""
+    import random
+
+    rng = random.Random(0)
+    planner = Adaptive(hysteresis=0.15)
+    for _ in range(50):
+        stats = [_stats(s, 10, per_block=1.0 + rng.uniform(-0.05, 0.05)) for s in range(3)]
+        assert planner.decide(_view([10, 20], stats)).cuts == (10, 20)
+
+
+def test_cost_model_from_calibration_json(tmp_path) -> None:
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"fits": {"decode": {"params": {"c0": 0.8, "c1": 0.001}}}}))
+    assert CostModel.from_calibration(path) == CostModel(0.8, 0.001)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"fits": {"decode": None}}))
+    with pytest.raises(ConfigError, match="planner.cost_model"):
+        CostModel.from_calibration(bad)
+
+
+def test_make_planner_names_bad_values() -> None:
+    with pytest.raises(ConfigError, match="planner.name"):
+        make_planner("greedy")
+    with pytest.raises(ConfigError, match="planner.hysteresis"):
+        make_planner("adaptive", hysteresis=1.5)
+    assert make_planner("adaptive", hysteresis=0.2, cost_model=None).hysteresis == 0.2
