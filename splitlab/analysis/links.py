@@ -4,9 +4,10 @@
     .venv/bin/pytest tests/unit/test_analysis_links.py -q
 
 For link s-1 -> s, every token gives one sample
-    y[t] = recv_wait_ms[s, t] - compute_ms[s-1, t]    against    bytes[s, t]
+    y[t] = recv_wait_ms[s, t] - compute_ms[s-1, t]    against    bytes[s-1, t]
 and `fit_link` regresses y on payload bytes: the slope is beta (ms per byte), the intercept
-alpha (ms). The head's input (the token id from the tail, a few bytes every time) is not a
+alpha (ms); `bytes` is what stage s-1 sent (the ring traces the sender's payload). The
+head's input (the token id from the tail, a few bytes every time) is not a
 link this can measure, so links are 1..S-1.
 
 Assumptions, and where they break:
@@ -129,8 +130,8 @@ def link_samples(frame: pd.DataFrame) -> pd.DataFrame:
     for stage in stages:
         if stage == 0 or stage - 1 not in stages:
             continue
-        dst = tokens[tokens["stage"] == stage][[*keys, "recv_wait_ms", "bytes"]]
-        src = tokens[tokens["stage"] == stage - 1][[*keys, "compute_ms"]]
+        dst = tokens[tokens["stage"] == stage][[*keys, "recv_wait_ms"]]
+        src = tokens[tokens["stage"] == stage - 1][[*keys, "compute_ms", "bytes"]]
         joined = dst.merge(src, on=keys, how="inner")
         parts.append(pd.DataFrame({
             "dst_stage": stage, "token": joined["token"], "bytes": joined["bytes"].astype(float),

@@ -70,17 +70,17 @@ def ring_records(
             tpot = 0.0
             for stage in range(num_stages):
                 if stage == 0:
-                    wait, received = float(rng.uniform(0.1, 0.3)), 8  # the token id from the tail
+                    wait = float(rng.uniform(0.1, 0.3))  # the token id from the tail
                 else:
                     link = alpha_ms[stage - 1] + beta_ms_per_byte[stage - 1] * payload
                     wait = max(0.0, compute[stage - 1] + link + float(rng.normal(0, noise_ms)))
-                    received = payload
+                sent = 8 if stage == num_stages - 1 else payload  # the tail sends the token id
                 tpot += compute[stage] + wait
                 clock_us += int((compute[stage] + wait) * 1000)
                 record = {
                     "ts_us": clock_us, "role": "stage", "rank": stage, "kind": "token",
                     "stage": stage, "token": token, "compute_ms": compute[stage],
-                    "recv_wait_ms": wait, "send_ms": 0.05, "bytes": received,
+                    "recv_wait_ms": wait, "send_ms": 0.05, "bytes": sent, "prefill": prefill,
                 }  # fmt: skip
                 records.append(record)
             records[-num_stages]["tpot_ms"] = tpot  # the head's record of this token

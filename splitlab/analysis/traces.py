@@ -12,10 +12,18 @@ Ring inference (role "stage", rank = stage index, stage 0 is the head):
 - `token`: one per stage per token. `stage` (int), `token` (int, increasing per stage; with a
   `session` field, unique per session), `compute_ms` (this stage's blocks for this token),
   `recv_wait_ms` (time blocked receiving this token's input), `send_ms`, `bytes` (payload
-  bytes this stage received for this token), `tpot_ms` (head only, time per output token).
+  bytes this stage sent for this token: hidden states, or the token id from the tail),
+  `tpot_ms` (head only, time per output token), optionally `prefill` (bool).
 - `stage_meta`: once per stage. `stage`, `host` (its bind address), `peer_host` (the address it
   sends to, i.e. the next stage), `blocks` ([first, last) span or list), load timings such as
   `weights_ms`, `resident_bytes`.
+- `window` and `migration` records may come from every stage; the head's (rank 0) are the
+  decisions, the others are each stage's own view of the same barrier.
+
+The ring runtime (`splitlab.infer`) writes some of these under its own names; `select`
+normalises them (`normalize_ring`): a `token` record without `stage` takes its `rank` (role
+"stage"), a `stage_meta` record's `bind` becomes `host` and `peers[(stage + 1) % S]` becomes
+`peer_host`.
 - `window`: one per control barrier. `epoch`, `barrier_ms`, `prestage_ms`, `commit_ms`,
   `release_ms`, `n_acks`, `aborted` (bool), `decision`, `obs` (dict); optionally `token` (first
   token decoded under the new epoch; plots fall back to `ts_us` against the head's tokens).
@@ -140,10 +148,40 @@ def select(frame: pd.DataFrame, kind: str) -> pd.DataFrame:
     rows = frame[frame["kind"] == kind].dropna(axis=1, how="all").reset_index(drop=True)
     if rows.empty:
         return rows
+    rows = normalize_ring(rows, kind)
     for field in REQUIRED_FIELDS.get(kind, ()):
         if field not in rows.columns or rows[field].isna().any():
             files = sorted(set(rows.get("file", pd.Series(["?"]))))
             raise TraceFormatError(f"{kind!r} records in {files} lack field {field!r}")
+    return rows
+
+
+def _peer_of(peers: Any, stage: Any) -> str | None:
+    if not isinstance(peers, (list, tuple)) or not peers or pd.isna(stage):
+        return None
+    return str(peers[(int(stage) + 1) % len(peers)])
+
+
+def normalize_ring(rows: pd.DataFrame, kind: str) -> pd.DataFrame:
+    """Fill the contract's ring fields from the ring runtime's spellings (see module docstring).
+
+    Values already present win; `rows` holds records of one `kind`.
+    """
+    rows = rows.copy()
+    if kind == "token" and "role" in rows.columns:
+        from_rank = rows["rank"].where(rows["role"] == "stage")
+        rows["stage"] = rows["stage"].fillna(from_rank) if "stage" in rows.columns else from_rank
+    if kind == "stage_meta":
+        if "bind" in rows.columns:
+            rows["host"] = (
+                rows["host"].fillna(rows["bind"]) if "host" in rows.columns else rows["bind"]
+            )
+        if "peers" in rows.columns and "stage" in rows.columns:
+            peer = pd.Series([_peer_of(p, s) for p, s in zip(rows["peers"], rows["stage"],
+                                                              strict=True)], index=rows.index)  # fmt: skip
+            rows["peer_host"] = (
+                rows["peer_host"].fillna(peer) if "peer_host" in rows.columns else peer
+            )
     return rows
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from splitlab.analysis.synthetic import ring_records, write_traces
@@ -81,3 +82,15 @@ def test_transport_counters_in_both_shapes(tmp_path: Path) -> None:
         ["activation", "sent", 4, 400],
         ["gradient", "recv", 1, 10],
     ]
+
+
+def test_ring_runtime_spellings_are_normalised() -> None:
+    frame = pd.DataFrame([
+        {"ts_us": 1, "role": "stage", "rank": 1, "kind": "stage_meta", "stage": 1,
+         "bind": "10.0.0.2", "peers": ["10.0.0.1", "10.0.0.2", "10.0.0.3"]},
+        {"ts_us": 2, "role": "stage", "rank": 1, "kind": "token", "token": 0, "compute_ms": 1.0,
+         "recv_wait_ms": 2.0, "bytes": 128},
+    ])  # fmt: skip
+    meta, tokens = select(frame, "stage_meta"), select(frame, "token")
+    assert meta.loc[0, ["host", "peer_host"]].tolist() == ["10.0.0.2", "10.0.0.3"]
+    assert tokens.loc[0, "stage"] == 1
