@@ -1,0 +1,133 @@
+"""Cost of live re-partitioning: the barrier's protocol time and the pause of a 1-block shift.
+
+Runs the 3-stage SmolLM2 ring over TCP (127.0.0.1/.2/.3) with the window barrier, alternating
+a no-shift run and a run that shifts boundary 1 by +1 block at `--shift-at`, and reads the
+stage traces:
+
+- barrier time at the tail (stage S-1: PROPOSE received -> COMMIT applied; it waits for
+  nobody, so this is the protocol cost), and at the head (PROPOSE sent -> COMMIT sent);
+- the shift's pause split into weights (receiver: load_blocks from its own checkpoint copy),
+  KV (receiver: waiting for, receiving and installing the donor's KV - an upper bound, it
+  absorbs the skew between the two stages reaching the barrier) and commit (pointer swaps,
+  the larger of both sides), with release (gc, empty_cache; off the token path) reported apart;
+- KV bytes, checked against 2 x kv heads x head dim x dtype bytes x blocks x context;
+- head TPOT median of both runs.
+
+    python tools/bench_migration.py --quick --out /tmp/bench_migration.json
+    python tools/bench_migration.py --tokens 200 --shift-at 100 --reps 2 --out outputs/bench_migration.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from transformers import AutoConfig
+
+from splitlab.infer.stage import resolve_model_folder
+from splitlab.launch.ring import RingLayout, pick_base_port, run_ring
+from splitlab.telemetry.bench import BenchReport, bench_arg_parser, median
+
+PROMPT = "Write a long story about a robot who learns to paint."
+HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def records(run_dir: Path, stage: int, kind: str) -> list[dict]:
+    path = run_dir / "traces" / f"stage-{stage}.jsonl"
+    return [r for r in map(json.loads, path.open()) if r["kind"] == kind]
+
+
+def run(
+    folder: Path, *, cuts: list[int], tokens: int, window: int, planner: dict, tag: str
+) -> Path:
+    run_dir = Path(tempfile.mkdtemp(prefix=f"bench_migration-{tag}-"))
+    layout = RingLayout(model=str(folder), cuts=cuts, hosts=HOSTS, base_port=pick_base_port(HOSTS),
+                        run_id=f"bench-{tag}", window=window, planner=planner)  # fmt: skip
+    group, result = run_ring(layout, run_dir=run_dir, timeout_s=900, head_args=[
+        "--prompt", PROMPT, "--max-new-tokens", str(tokens), "--ignore-eos"])  # fmt: skip
+    if group.exit_code != 0 or result is None:
+        raise SystemExit(f"ring failed: {group.diagnosis()}")
+    (run_dir / "result.json").write_text(json.dumps(result))
+    return run_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = bench_arg_parser(__doc__.split("\n")[0])
+    p.add_argument("--model", default="smollm2_135m")
+    p.add_argument("--cuts", default="10,20")
+    p.add_argument("--tokens", type=int, default=200)
+    p.add_argument("--shift-at", type=int, default=100)
+    p.add_argument("--window", type=int, default=20)
+    p.add_argument("--reps", type=int, default=2)
+    args = p.parse_args(argv)
+    tokens, shift_at, reps = (60, 40, 1) if args.quick else (args.tokens, args.shift_at, args.reps)
+    cuts = [int(c) for c in args.cuts.split(",")]
+    folder = resolve_model_folder(args.model)
+    config = AutoConfig.from_pretrained(folder)
+    report = BenchReport(bench="migration", config={
+        "model": args.model, "cuts": cuts, "hosts": HOSTS, "tokens": tokens, "shift_at": shift_at,
+        "window": args.window, "reps": reps, "shift": {"boundary": 1, "k": 1},
+    })  # fmt: skip
+    tail = len(cuts)
+    tail_barrier, head_barrier, pauses, tpot = [], [], [], {"noshift": [], "shift": []}
+    for rep in range(reps):
+        for tag, planner in (("noshift", {"name": "noop"}), ("shift", {
+                "name": "forced_shift", "at_token": shift_at, "shift_k": 1, "boundary": 1})):  # fmt: skip
+            run_dir = run(folder, cuts=cuts, tokens=tokens, window=args.window, planner=planner, tag=f"{tag}-{rep}")  # fmt: skip
+            result = json.loads((run_dir / "result.json").read_text())
+            tpot[tag].append(result["tpot_ms_median"])
+            windows = [w for w in records(run_dir, tail, "window") if not w["aborted"]]
+            tail_barrier += [w["barrier_ms"] for w in windows if w["decision"] == "noop"]
+            head_barrier += [w["barrier_ms"] for w in records(run_dir, 0, "window")
+                             if not w["aborted"] and w["decision"] == "noop"]  # fmt: skip
+            if tag == "shift":
+                moves = {
+                    m["role"]: m for s in range(tail + 1) for m in records(run_dir, s, "migration")
+                }
+                recv, donor = moves["receiver"], moves["donor"]
+                commit_ms = max(recv["commit_ms"], donor["commit_ms"])
+                dtype_bytes = DTYPE_BYTES[str(getattr(config, "dtype", None) or config.torch_dtype).removeprefix("torch.")]  # fmt: skip
+                head_dim = (
+                    getattr(config, "head_dim", None)
+                    or config.hidden_size // config.num_attention_heads
+                )
+                per_token = 2 * config.num_key_value_heads * head_dim * dtype_bytes
+                assert recv["kv_bytes_per_block_token"] == per_token, (recv, per_token)
+                context = recv["kv_bytes"] // per_token
+                row = {"rep": rep, "token": recv["token"], "context_tokens": context,
+                       "weights_ms": recv["weights_ms"], "kv_ms": recv["kv_ms"], "commit_ms": commit_ms,
+                       "pause_ms": recv["weights_ms"] + recv["kv_ms"] + commit_ms,
+                       "release_ms": donor["release_ms"], "kv_bytes": recv["kv_bytes"],
+                       "kv_bytes_per_block_token": per_token, "donor_send_ms": donor["kv_ms"]}  # fmt: skip
+                pauses.append(row)
+                report.add_result(shift=row)
+                print(f"rep {rep}: pause {row['pause_ms']:.2f} ms (weights {row['weights_ms']:.2f}, "
+                      f"KV {row['kv_ms']:.2f}, commit {row['commit_ms']:.3f}), release {row['release_ms']:.1f} ms",
+                      file=sys.stderr)  # fmt: skip
+    summary = {
+        "barrier_tail_median_ms": median(tail_barrier), "barrier_head_median_ms": median(head_barrier),
+        "num_barriers_tail": len(tail_barrier),
+        "pause_median_ms": median([r["pause_ms"] for r in pauses]),
+        "weights_median_ms": median([r["weights_ms"] for r in pauses]),
+        "kv_median_ms": median([r["kv_ms"] for r in pauses]),
+        "commit_median_ms": median([r["commit_ms"] for r in pauses]),
+        "release_median_ms": median([r["release_ms"] for r in pauses]),
+        "tpot_noshift_median_ms": median(tpot["noshift"]), "tpot_shift_median_ms": median(tpot["shift"]),
+    }  # fmt: skip
+    report.add_result(**summary)
+    report.add_ratio(
+        "shift_over_noshift_tpot",
+        summary["tpot_shift_median_ms"] / summary["tpot_noshift_median_ms"],
+    )
+    report.add_target("barrier_tail_median_ms", summary["barrier_tail_median_ms"], 0.5, "<=")
+    report.add_target("shift_pause_without_release_ms", summary["pause_median_ms"], 5.0, "<=")
+    report.write(args.out)
+    print(json.dumps(summary, indent=1), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
