@@ -206,3 +206,59 @@ def plot_calibration(points: pd.DataFrame, fit: Fit | NoFit) -> Figure:
     ax.set(xlabel=_X_LABELS.get(fit.model, "x"), ylabel="time (ms)")
     ax.legend(fontsize="small")
     return fig
+
+
+def plot_stage_breakdown(stages: pd.DataFrame) -> Figure:
+    """Median decode compute, receive wait and send time per stage (the `stages` table)."""
+    parts = ("compute_ms_median", "recv_wait_ms_median", "send_ms_median")
+    _require(stages, ("stage", *parts), "per-stage breakdown")
+    fig = Figure(figsize=(7, 4), layout="constrained")
+    ax = fig.subplots()
+    x = np.arange(len(stages))
+    width = 0.8 / len(parts)
+    for offset, column in enumerate(parts):
+        values = pd.to_numeric(stages[column], errors="coerce").fillna(0).to_numpy()
+        ax.bar(x + (offset - 1) * width, values, width, label=column.removesuffix("_median"))
+    ax.set_xticks(x, [f"stage {_name(s)}" for s in stages["stage"]])
+    ax.set(ylabel="median per decode token (ms)", title="where each stage spends a token")
+    ax.legend(fontsize="small")
+    return fig
+
+
+def plot_transport(totals: pd.DataFrame) -> Figure:
+    """Bytes each process moved per lane (last counter snapshot), one bar per process and lane."""
+    _require(totals, ("role", "rank", "lane", "direction", "bytes"), "transport bytes")
+    fig = Figure(figsize=(8, 4), layout="constrained")
+    ax = fig.subplots()
+    labels = [f"{r}-{_name(k)} {lane} {d}" for r, k, lane, d in
+              totals[["role", "rank", "lane", "direction"]].itertuples(index=False)]  # fmt: skip
+    ax.barh(labels, pd.to_numeric(totals["bytes"], errors="coerce").fillna(0) / 2**20)
+    ax.set(xlabel="MiB", title="bytes per process and lane")
+    return fig
+
+
+def plot_sweep(table: pd.DataFrame, *, x: str, y: str, label: str | None = None) -> Figure:
+    """One metric `y` against one swept value `x` over a sweep's jobs, a line per `label` value.
+
+    A non-numeric `x` (e.g. `transport=tcp`) is drawn as categories in job order.
+    """
+    _require(table, [c for c in (x, y, label) if c], f"sweep {y} against {x}")
+    data = table.dropna(subset=[y])
+    if data.empty:
+        raise ValueError(f"sweep {y} against {x}: every job lacks {y}")
+    fig = Figure(figsize=(7, 4), layout="constrained")
+    ax = fig.subplots()
+    numeric = pd.to_numeric(data[x], errors="coerce").notna().all()
+    positions = {v: i for i, v in enumerate(dict.fromkeys(data[x].astype(str)))}
+    groups = data.groupby(label, sort=True) if label else [("", data)]
+    for name, rows in groups:
+        xs = (pd.to_numeric(rows[x]) if numeric else rows[x].astype(str).map(positions)).to_numpy()
+        order = np.argsort(xs, kind="stable")
+        ax.plot(xs[order], rows[y].to_numpy(dtype=float)[order], marker="o",
+                label=f"{label}={_name(name)}" if label else None)  # fmt: skip
+    if not numeric:
+        ax.set_xticks(list(positions.values()), list(positions), rotation=20, fontsize="small")
+    ax.set(xlabel=x, ylabel=y, title=f"{y} over the sweep ({len(data)} jobs)")
+    if label:
+        ax.legend(fontsize="small")
+    return fig

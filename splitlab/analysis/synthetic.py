@@ -3,7 +3,9 @@
     .venv/bin/pytest tests/unit/test_analysis_links.py tests/unit/test_analysis_plots.py -q
 
 Pure: each generator takes a seed and returns a list of trace records (dicts shaped as in
-`splitlab.analysis.traces`); `write_traces` is the one function that touches files. Hosts are
+`splitlab.analysis.traces`); `write_traces` is the one function that touches files.
+`training_records` + `transport_records` stand in for a U-shape run's traces until the
+training job writes real ones. Hosts are
 only strings in the records; nothing here opens a socket.
 
 The ring model: a run serves `num_requests` prompts; each starts with a prefill token whose
@@ -161,6 +163,32 @@ def training_records(
                 "accuracy": float(min(1.0, 0.4 + 0.1 * round_index + rng.normal(0, 0.01))),
                 "samples": 96, "bytes": 10_000_000,
             })  # fmt: skip
+    return records
+
+
+def transport_records(
+    training: Sequence[dict[str, Any]], *, t0_us: int = 1_700_000_000_000_000
+) -> list[dict[str, Any]]:
+    """A closing `transport` counter snapshot per owner, summing its `microbatch` bytes per lane.
+
+    Shaped as `splitlab.wire.counters.WireCounters.emit` writes it (`<lane>.bytes_sent`, ...).
+    """
+    totals: dict[int, dict[str, list[int]]] = {}
+    last_us = t0_us
+    for record in training:
+        if record.get("kind") != "microbatch":
+            continue
+        lane = totals.setdefault(record["owner"], {}).setdefault(record["lane"], [0, 0])
+        lane[0] += 1
+        lane[1] += int(record["bytes"])
+        last_us = max(last_us, int(record["ts_us"]))
+    records: list[dict[str, Any]] = []
+    for owner, lanes in sorted(totals.items()):
+        fields: dict[str, Any] = {}
+        for lane, (frames, nbytes) in sorted(lanes.items()):
+            fields[f"{lane}.frames_sent"], fields[f"{lane}.bytes_sent"] = frames, nbytes
+        records.append({"ts_us": last_us + 1, "role": "owner", "rank": owner,
+                        "kind": "transport", **fields})  # fmt: skip
     return records
 
 

@@ -110,3 +110,24 @@ def test_empty_axes_hold_no_data() -> None:
 def test_empty_frame_is_refused() -> None:
     with pytest.raises(ValueError, match="training rounds: no records"):
         plots.plot_training_rounds(pd.DataFrame())
+
+
+def test_stage_breakdown_and_transport(ring: pd.DataFrame, tmp_path: Path) -> None:
+    from splitlab.analysis.summary import tables, transport_totals
+    from splitlab.analysis.synthetic import transport_records
+
+    fig = plots.plot_stage_breakdown(tables(ring)["stages"])
+    assert plots.figure_has_data(fig)
+    _saves_png(fig, tmp_path / "stages.png")
+    training = training_records()
+    fig = plots.plot_transport(transport_totals(pd.DataFrame(transport_records(training))))
+    assert plots.figure_has_data(fig)
+
+
+@pytest.mark.parametrize("x", ["rank", "transport"])
+def test_sweep_plot_numeric_and_categorical(x: str, tmp_path: Path) -> None:
+    table = pd.DataFrame({"rank": [1, 8, 1, 8], "transport": ["tcp", "tcp", "amqp", "amqp"],
+                          "cut": [1, 1, 2, 2], "tpot_ms_median": [3.0, 4.0, 5.0, np.nan]})  # fmt: skip
+    fig = plots.plot_sweep(table, x=x, y="tpot_ms_median", label="cut")
+    assert plots.figure_has_data(fig)
+    _saves_png(fig, tmp_path / "sweep.png")
