@@ -20,7 +20,8 @@ last completed round. Model updates are safetensors bytes, never pickle.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,8 @@ from safetensors.torch import load, save
 from torch import nn
 
 from splitlab.control.endpoint import ControlEndpoint
-from splitlab.control.messages import Kind, Start, Stop, Update
-from splitlab.errors import ProtocolError
+from splitlab.control.messages import Abort, Kind, Message, Start, Stop, Update
+from splitlab.errors import AbortedError, ProtocolError, WaitTimeoutError
 from splitlab.train.checkpoint import capture_rng, latest_checkpoint, save_checkpoint, unshared
 from splitlab.train.fedavg import check_finite
 from splitlab.train.protocol import abort_peers
@@ -153,9 +154,33 @@ class Coordinator:
 # --- the node side ------------------------------------------------------------------------------
 
 
-def wait_start(control: ControlEndpoint, coordinator: str, timeout_s: float) -> Start | None:
+Idle = Callable[[], object]  # a waiting node's work between control polls (e.g. validation)
+
+
+def _wait(
+    control: ControlEndpoint, kinds: tuple[Kind, ...], timeout_s: float, idle: Idle | None
+) -> Message:
+    """`control.wait_for`, calling `idle` (which blocks briefly) between polls."""
+    if idle is None:
+        return control.wait_for(kinds, timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        msg = control.poll(0.0, kinds)
+        if isinstance(msg, Abort):
+            raise AbortedError(f"round aborted by {msg.cause_node!r}: {msg.reason}")
+        if msg is not None:
+            return msg
+        if time.monotonic() > deadline:
+            names = ", ".join(k.value for k in kinds)
+            raise WaitTimeoutError(f"{control.node_id!r} waited {timeout_s:.1f} s for {names}")
+        idle()
+
+
+def wait_start(
+    control: ControlEndpoint, coordinator: str, timeout_s: float, idle: Idle | None = None
+) -> Start | None:
     """The next START, or None when the coordinator said STOP."""
-    msg = control.wait_for((Kind.START, Kind.STOP), timeout_s)
+    msg = _wait(control, (Kind.START, Kind.STOP), timeout_s, idle)
     if msg.sender != coordinator:
         raise ProtocolError(
             f"{msg.kind.value} from {msg.sender!r}, not the coordinator {coordinator!r}"
@@ -179,14 +204,19 @@ def send_update(
     control.send(coordinator, msg)
 
 
-def receive_merged(control: ControlEndpoint, modules: Sequence[nn.Module], timeout_s: float) -> int:
+def receive_merged(
+    control: ControlEndpoint,
+    modules: Sequence[nn.Module],
+    timeout_s: float,
+    idle: Idle | None = None,
+) -> int:
     """Load the coordinator's averaged weights into `modules`; returns their round id.
 
     Raises:
         ProtocolError: the update lacks a key these modules hold.
         NonFiniteError: the update holds NaN/Inf.
     """
-    msg = control.wait_for((Kind.UPDATE,), timeout_s)
+    msg = _wait(control, (Kind.UPDATE,), timeout_s, idle)
     assert isinstance(msg, Update)
     if msg.partition != MERGED:
         raise ProtocolError(f"UPDATE {msg.partition!r} from {msg.sender!r}, expected {MERGED!r}")

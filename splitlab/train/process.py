@@ -48,6 +48,7 @@ from splitlab.train.coordinator import Coordinator, receive_merged, send_update,
 from splitlab.train.nodes import OwnerNode, WorkerNode, partition_parameters
 from splitlab.train.owner import OwnerScheduler, SchedulerSettings
 from splitlab.train.protocol import abort_peers
+from splitlab.train.remote_eval import serve_validation, validate_owner
 from splitlab.train.window import effective_credit, owner_window_counts
 from splitlab.train.worker import WorkerScheduler
 from splitlab.train.wrr import AdaptiveWeights
@@ -85,6 +86,7 @@ class NodeSpec:
     resume: bool = False  # coordinator: continue after the last checkpoint in checkpoint_dir
     checkpoint_dir: str | None = None  # coordinator: where round checkpoints go
     trace_dir: str | None = None  # JSONL traces: <trace_dir>/<role>-<name>.jsonl
+    val_path: str | None = None  # owners: held-out microbatches, validated before each FedAvg
 
     @classmethod
     def from_json(cls, text: str) -> NodeSpec:
@@ -230,25 +232,36 @@ def _run_member(spec: NodeSpec, control: ControlEndpoint) -> None:
                     owner.run_window(first_window + offset, batches[start : start + count])
                     start += count
 
+        idle = None
+        if spec.role == "worker":
+            idle = lambda: serve_validation(node, transport)  # noqa: E731 - a closure on purpose
+        val_batches = load_batches(Path(spec.val_path)) if spec.val_path else []
         if spec.coordinator is None:
             run_windows(0)
         else:
             partition = "owner" if spec.role == "owner" else "body"
-            while (start := wait_start(control, spec.coordinator, spec.timeout_s)) is not None:
+            while (
+                start := wait_start(control, spec.coordinator, spec.timeout_s, idle)
+            ) is not None:
                 if start.plan.get("load"):
-                    receive_merged(control, modules, spec.timeout_s)
+                    receive_merged(control, modules, spec.timeout_s, idle)
                 node.optimizer = adamw(node.params)  # a round starts from the averaged model
                 node.num_samples = 0
                 if spec.role == "owner":
                     owner.weights.reset()
                     owner.wrr.reset()
                 run_windows(int(start.plan["first_window"]))
+                if spec.role == "owner" and val_batches:  # local metrics, before FedAvg
+                    ranked = owner.weights.weights()
+                    via = max(ranked, key=lambda name: ranked[name])
+                    metrics = validate_owner(node, transport, via, val_batches, spec.timeout_s)
+                    tracer.emit("validation", round=start.round_id, worker=via, **metrics.to_dict())
                 send_update(
                     control, spec.coordinator, round_id=start.round_id, partition=partition,
                     state=node.state_dict(), num_samples=node.num_samples,
                 )  # fmt: skip
                 tracer.emit("update", round=start.round_id, num_samples=node.num_samples)
-                receive_merged(control, modules, spec.timeout_s)
+                receive_merged(control, modules, spec.timeout_s, idle)
         save_file(unshared(node.state_dict()), spec.out_path)
     finally:
         transport.close()

@@ -16,17 +16,22 @@ from pathlib import Path
 
 import pytest
 import torch
-from model_helpers import tiny_config, tiny_model, twin
+from model_helpers import adapter_of, tiny_config, tiny_model, twin
 from safetensors.torch import load_file
 from test_train_engine import WINDOW, assert_same_parameters, batches, train_unsplit
 
 from splitlab.control.embedded import EmbeddedBusServer
 from splitlab.errors import ExitCode
 from splitlab.launch.supervisor import ChildSpec, run_group
+from splitlab.models.parts import build_parts
+from splitlab.models.plan import u_shape_plan
 from splitlab.train.checkpoint import completed_rounds, load_checkpoint
 from splitlab.train.process import DATA_KEY_ENV, save_batches
+from splitlab.train.validate import evaluate, part_chain
 from splitlab.train.window import round_schedule
 from splitlab.train.wrr import SmoothWRR
+
+PLAN = u_shape_plan(num_layers=4, cut_layers=1, tail_blocks=1)
 
 
 def specs(
@@ -36,6 +41,7 @@ def specs(
     workers: list[str],
     worker_extra: dict[str, object] | None = None,
     coordinator: dict[str, object] | None = None,
+    validation: dict[str, list] | None = None,
     **extra: object,
 ) -> list[ChildSpec]:
     server = EmbeddedBusServer()
@@ -73,6 +79,9 @@ def specs(
                 spec.update(worker_extra or {})
             if role == "coordinator":
                 spec.update(coordinator or {})
+            if role == "owner" and validation and validation.get(name):
+                save_batches(tmp_path / f"{name}.val.safetensors", validation[name])
+                spec["val_path"] = str(tmp_path / f"{name}.val.safetensors")
             if role == "owner":
                 save_batches(tmp_path / f"{name}.data.safetensors", data[name])
                 spec["data_path"] = str(tmp_path / f"{name}.data.safetensors")
@@ -245,3 +254,32 @@ def test_divergence_with_a_coordinator_ends_every_process_naming_the_cause(tmp_p
         code, output = ended[name]
         assert code == ExitCode.ABORTED, output
         assert "aborted by 'o0'" in output and "NonFiniteError" in output
+
+
+@pytest.mark.slow
+def test_owner_validates_through_its_worker_before_fedavg(tmp_path: Path) -> None:
+    data, held_out = {"o0": batches("gpt2", n=4)}, batches("gpt2", n=2, seed=90)
+    (tmp_path / "traces").mkdir()
+    children = specs(
+        tmp_path, "gpt2", data, ["w0"], coordinator={"rounds": 1},
+        validation={"o0": held_out}, trace_dir=str(tmp_path / "traces"),
+    )  # fmt: skip
+
+    result = run_group(children, timeout_s=240, sink=None)
+
+    assert result.exit_code == 0, result.diagnosis()
+    owner_records = [r for r in traces(tmp_path / "traces") if r["role"] == "owner"]
+    kinds = [r["kind"] for r in owner_records]
+    assert kinds.index("validation") < kinds.index("update")
+    traced = owner_records[kinds.index("validation")]
+    # 1 owner x 1 worker: FedAvg is the identity, so the saved states are the validated ones
+    model = tiny_model("gpt2")
+    state = {
+        **load_file(str(tmp_path / "o0.safetensors")),
+        **load_file(str(tmp_path / "w0.safetensors")),
+    }
+    model.load_state_dict(state, strict=False)
+    expected = evaluate(part_chain(build_parts(model, PLAN)), adapter_of("gpt2"), held_out)
+    assert traced["val_samples"] == expected.num_samples
+    assert traced["val_loss"] == pytest.approx(expected.loss, rel=1e-5)
+    assert traced["val_perplexity"] == pytest.approx(expected.perplexity, rel=1e-5)
