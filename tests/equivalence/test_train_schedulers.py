@@ -48,6 +48,7 @@ class Group:
     data: dict[str, list[dict[str, torch.Tensor]]]
     weights: dict[str, float]
     quota: int = WINDOW
+    adaptive: bool = False  # owners re-weight WRR from the workers' COMMIT throughput
     transport: str = "inproc"  # or "tcp": real loopback sockets with the session handshake
     owners: dict[str, OwnerNode] = field(default_factory=dict)
     workers: dict[str, WorkerNode] = field(default_factory=dict)
@@ -108,7 +109,7 @@ class Group:
             try:
                 scheduler = OwnerScheduler(
                     node=self.owners[name], transport=transports[name], control=ctl,
-                    workers=list(self.workers), weights=AdaptiveWeights(self.weights, adaptive=False),
+                    workers=list(self.workers), weights=AdaptiveWeights(self.weights, adaptive=self.adaptive),
                     settings=SETTINGS, emit=self.emit,
                 )  # fmt: skip
                 start = 0
@@ -220,3 +221,23 @@ def test_non_finite_body_aborts_every_node_naming_the_worker() -> None:
     for owner in ("o0", "o1"):
         assert isinstance(group.errors[owner], AbortedError), group.errors.get(owner)
         assert "'w0'" in str(group.errors[owner]) and "NonFiniteError" in str(group.errors[owner])
+
+
+def test_adaptive_weights_follow_commit_throughput_over_the_bus() -> None:
+    data = {"o0": batches("llama", n=12)}
+    group = Group(tiny_model("llama"), data, {"w0": 1.0, "w1": 1.0}, quota=4, adaptive=True)
+    for name, seconds in (("w0", 1.0), ("w1", 4.0)):  # fake body seconds per forward
+        now = [0.0]
+        worker = group.workers[name]
+        worker.body.register_forward_hook(lambda *_, n=now, s=seconds: n.__setitem__(0, n[0] + s))
+        worker.clock = lambda n=now: n[0]
+
+    group.run()
+
+    assert group.errors == {}
+    plans = [e["counts_by_worker"] for e in group.events if e["kind"] == "plan"]
+    assert plans[0] == {"w0": 2, "w1": 2}  # configured 1:1 until both are measured
+    assert plans[2]["w0"] >= 3  # then about 4:1 by measured tokens per second
+    commits = [e for e in group.events if e["kind"] == "commit" and e["window"] == 0]
+    rates = {e["worker"]: e["tokens_per_s"] for e in commits}
+    assert rates["w0"] > 3.0 * rates["w1"]
