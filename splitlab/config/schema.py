@@ -77,6 +77,9 @@ class CalibrateTaskConfig(TaskConfig):
     prefill_min_tokens: int = 512  # shortest prompt in the prefill fit
     probe_round_trips: int = 30  # link probe: round trips per payload size (median taken)
     schema_from: str | None = None  # another device file whose keys are diffed against ours
+    quick: bool = False  # short sweep: contexts to 2048, fewer prefill/link sizes and repeats
+    threads: int = 0  # torch intra-op threads while timing; 0 = torch's default
+    blocks: int = 4  # consecutive middle blocks timed together (times are per block)
 
 
 @dataclass

@@ -1,0 +1,324 @@
+"""Calibration: measure a model's per-block cost terms on this machine and write them as JSON.
+
+    .venv/bin/python tools/calibrate.py --quick --out /tmp/cal.json          # ~30 s, 2 cores
+    .venv/bin/python tools/calibrate.py --out calibration.json                # to 8192, ~1 min
+    splitlab task=calibrate model=smollm2_135m task.threads=1
+
+Fits per-block decode `c0 + c1 * (P + t)` from batches of >= 24 decode steps at contexts in a
+geometric set up to `max_context`, and per-block prefill `d0 + d1 * P + d2 * P^2` from prompts
+of >= `prefill_min_tokens`; times one block's weight load (cold or warm page cache, as mincore
+says), the swap of a block to the device and back (null on CPU), link alpha/beta from an active
+probe over the framed-tensor TCP path (loopback: flagged), decode under a co-running process, and
+the thermal zones where the host has any. The record is `"calibrated": false` with a warning per
+reason the values do not hold off the target device; what was not observed is null.
+
+The file holds `{"version": 1, "records": {"<model>|<device>|<dtype>": record}}`; writing to an
+existing file replaces only this key's record. `schema_from` diffs this record's keys against
+another device file's (its same-key record, else its first).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from splitlab.analysis import probes
+from splitlab.analysis.fits import (
+    CALIBRATION_VERSION,
+    CalibrationResult,
+    Fit,
+    NoFit,
+    fit_decode,
+    fit_link,
+    fit_prefill,
+    schema_diff,
+)
+from splitlab.config.schema import CalibrateTaskConfig, Config
+from splitlab.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+MIN_DECODE_STEPS = 24  # shorter batches time jitter, not the KV term
+MIN_ROUND_TRIPS = 30
+R2_GOAL = 0.9
+_CORUNNER = (
+    "import sys, time, torch\n"
+    "torch.set_num_threads(1)\n"
+    "a = torch.randn(384, 384)\n"
+    "print('ready', flush=True)\n"
+    "end = time.time() + float(sys.argv[1])\n"
+    "while time.time() < end:\n"
+    "    a = torch.tanh(a @ a)\n"
+)
+
+
+@dataclass(frozen=True)
+class CalibrateOptions:
+    """What to time and how often (built from the task config by `options_from`)."""
+
+    contexts: tuple[int, ...]  # decode contexts P (tokens)
+    decode_steps: int  # decode steps per timed batch
+    prefill_lengths: tuple[int, ...]  # prompt lengths P (tokens)
+    link_sizes: tuple[int, ...]  # probe payloads (bytes)
+    round_trips: int  # link probe round trips per size
+    repeats: int = 3  # interleaved repetitions per decode/prefill size (median taken)
+    num_blocks: int = 4  # consecutive middle blocks timed together (divided per block)
+    threads: int = 0  # torch intra-op threads; 0 = torch's default
+    corunner_s: float = 20.0  # upper bound on the contention co-runner's life
+
+
+def geometric(low: int, high: int) -> tuple[int, ...]:
+    """low, 2 low, 4 low, ... up to and including high."""
+    out = [low]
+    while out[-1] * 2 < high:
+        out.append(out[-1] * 2)
+    return tuple(dict.fromkeys([*out, high]))
+
+
+def options_from(task: CalibrateTaskConfig) -> CalibrateOptions:
+    """Validated probe options; `task.quick` shrinks the sweep (contexts to 2048, fewer sizes).
+
+    Raises:
+        ConfigError: a setting below what makes its fit meaningful.
+    """
+    if task.decode_steps < MIN_DECODE_STEPS:
+        raise ConfigError(
+            f"task.decode_steps={task.decode_steps}: batches under {MIN_DECODE_STEPS} steps "
+            "time jitter (r^2 collapses); use >= 24"
+        )
+    if task.probe_round_trips < MIN_ROUND_TRIPS:
+        raise ConfigError(f"task.probe_round_trips={task.probe_round_trips}: need >= 30")
+    if task.prefill_min_tokens < 512:
+        raise ConfigError(
+            f"task.prefill_min_tokens={task.prefill_min_tokens}: under 512 the P^2 term is not "
+            "observable and d2 fits noise"
+        )
+    max_context = min(task.max_context, 2048) if task.quick else task.max_context
+    if max_context < 256:
+        raise ConfigError(f"task.max_context={task.max_context}: need >= 256 for a slope")
+    p0 = task.prefill_min_tokens
+    prefill = (p0, p0 * 3 // 2, p0 * 2) if task.quick else (p0, p0 * 2, p0 * 3, p0 * 4, p0 * 6)
+    link_top = 1 << 20 if task.quick else 4 << 20
+    return CalibrateOptions(
+        contexts=geometric(128, max_context), decode_steps=task.decode_steps,
+        prefill_lengths=prefill, link_sizes=geometric(1024, link_top),
+        round_trips=task.probe_round_trips, repeats=2 if task.quick else 3,
+        num_blocks=task.blocks, threads=task.threads,
+    )  # fmt: skip
+
+
+def _fit_record(fit: Fit | NoFit, points: Sequence[tuple[float, float]]) -> dict[str, Any]:
+    base = fit.to_dict() if isinstance(fit, Fit) else {"params": None, "r2": None, "n": fit.n,
+                                                        "warnings": [fit.reason]}  # fmt: skip
+    return {**base, "points": [list(p) for p in points]}
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+        "python": platform.python_version(), "platform": platform.platform(),
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }  # fmt: skip
+
+
+def _middle_span(num_layers: int, num_blocks: int):  # noqa: ANN202 - Span (import kept local)
+    from splitlab.models.plan import Span
+
+    num_blocks = max(1, min(num_blocks, num_layers))
+    start = (num_layers - num_blocks) // 2
+    return Span(start, start + num_blocks)
+
+
+def measure_contention(part, options: CalibrateOptions) -> dict[str, Any]:  # noqa: ANN001
+    """Decode at the shortest context alone and beside a co-running busy process."""
+    context = options.contexts[0]
+
+    def decode_ms() -> float:
+        points = probes.time_decode(part, contexts=[context], steps=options.decode_steps,
+                                    repeats=options.repeats)  # fmt: skip
+        return points[0][1]
+
+    alone = decode_ms()
+    corunner = subprocess.Popen(
+        [sys.executable, "-c", _CORUNNER, str(options.corunner_s)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        ready = corunner.stdout.readline().strip() if corunner.stdout else ""
+        if ready != "ready":
+            return {"alone_ms": alone, "with_corunner_ms": None, "slowdown": None, "rho": None,
+                    "note": "the co-runner did not start"}  # fmt: skip
+        loaded = decode_ms()
+    finally:
+        corunner.kill()
+        corunner.wait(timeout=10)
+    return {
+        "context": context, "alone_ms": alone, "with_corunner_ms": loaded,
+        "slowdown": loaded / alone if alone > 0 else None,
+        "corunner": "one process of single-thread fp32 matmuls", "rho": None,
+        "note": "rho not fitted: the co-runner saturates a core rather than applying a known load",
+    }  # fmt: skip
+
+
+def calibrate(
+    folder: str | Path, *, model: str, device: str, dtype: str, options: CalibrateOptions
+) -> tuple[CalibrationResult, dict[str, Any]]:
+    """Run every probe on the checkpoint in `folder`; returns the record and extra context."""
+    from splitlab.models.shard import load_blocks, load_part, open_checkpoint
+
+    if options.threads > 0:
+        torch.set_num_threads(options.threads)
+    warnings: list[str] = []
+    index = open_checkpoint(folder)
+    span = _middle_span(index.config.num_hidden_layers, options.num_blocks)
+    files = sorted(set(index.key_files.values()))
+    thermal_start = probes.read_thermal_c()
+    t0 = time.perf_counter()
+    load = probes.time_weight_load(lambda: load_blocks(index, [span.start], dtype=dtype), files)
+    load["what"] = f"one block (layers.{span.start}) via load_blocks"
+    part, _ = load_part(index, span, dtype=dtype)
+    part = part.to(device)
+    torch_dtype = str(next(part.parameters()).dtype).removeprefix("torch.")
+    decode_points = probes.time_decode(part, contexts=options.contexts,
+                                       steps=options.decode_steps, repeats=options.repeats)  # fmt: skip
+    decode = fit_decode(*zip(*decode_points, strict=True))
+    prefill_points = probes.time_prefill(part, lengths=options.prefill_lengths,
+                                         repeats=options.repeats)  # fmt: skip
+    prefill = fit_prefill(*zip(*prefill_points, strict=True))
+    swap_ms = probes.time_swap(part.to("cpu"), device)
+    link_points = probes.probe_link(sizes=options.link_sizes, round_trips=options.round_trips)
+    link = fit_link(*zip(*link_points, strict=True))
+    contention = measure_contention(part, options)
+    thermal_end = probes.read_thermal_c()
+    elapsed_s = time.perf_counter() - t0
+
+    where = f"{machine()['cpu']}, {torch.get_num_threads()} torch threads"
+    warnings.append(f"c0/c1/d0/d1/d2 were timed on this host ({where}, device={device}), "
+                    "not on the target device")  # fmt: skip
+    for fit in (decode, prefill, link):
+        if isinstance(fit, Fit):
+            warnings += [f"{fit.model} fit: {w}" for w in fit.warnings]
+        else:
+            warnings.append(f"{fit.model} is null: {fit.reason}")
+    if isinstance(decode, Fit) and (decode.r2 or 0.0) < R2_GOAL:
+        warnings.append(f"decode r2={decode.r2:.3f} < {R2_GOAL}: a noisy host; rerun idle")
+    if load["cache"] != "cold":
+        warnings.append(
+            f"weight_load_ms is a {load['cache']} page-cache read (resident fraction "
+            f"{load['resident_fraction_before']} after posix_fadvise DONTNEED), not a disk read"
+        )
+    if swap_ms is None:
+        warnings.append(f"swap_ms is null: device={device} has no separate memory to swap to")
+    warnings.append("link alpha/beta come from an in-process loopback probe over TcpTransport: "
+                    "memcpy and scheduling, NOT A LINK MEASUREMENT")  # fmt: skip
+    warnings.append("contention.rho is null: " + contention["note"])
+    thermal = None
+    if thermal_start is None:
+        warnings.append("thermal is null: this host exposes no thermal sensors")
+    else:
+        thermal = {"zones_start_degc": thermal_start, "zones_end_degc": thermal_end,
+                   "theta_th": None, "gamma": None, "nu": None}  # fmt: skip
+        warnings.append("thermal theta_th/gamma/nu are null: no throttling was observed")
+    link_record = {**_fit_record(link, link_points), "loopback": True}
+    if isinstance(link, Fit):
+        link_record.update(link.params)
+    result = CalibrationResult(
+        model=model, device=device, dtype=torch_dtype, calibrated=False,
+        warnings=tuple(warnings), decode=_fit_record(decode, decode_points),
+        prefill=_fit_record(prefill, prefill_points), weight_load_ms=load, swap_ms=swap_ms,
+        link=link_record, contention=contention, thermal=thermal,
+    )  # fmt: skip
+    extra = {"machine": machine(), "options": asdict(options), "elapsed_s": elapsed_s,
+             "blocks": [span.start, span.stop]}  # fmt: skip
+    return result, extra
+
+
+def write_record(path: Path, result: CalibrationResult, extra: dict[str, Any]) -> dict[str, Any]:
+    """Adds (or replaces) this record's key in the file at `path`; returns the whole document."""
+    document: dict[str, Any] = {"version": CALIBRATION_VERSION, "records": {}}
+    if path.is_file():
+        document = json.loads(path.read_text(encoding="utf-8"))
+        document.setdefault("records", {})
+    document["records"][result.key] = {**result.to_dict(), **extra}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return document
+
+
+def diff_against(path: str | Path, key: str, record: dict[str, Any]) -> list[str]:
+    """schema_diff of `record` (a) against the same-key (else first) record of another file (b)."""
+    other = json.loads(Path(path).read_text(encoding="utf-8"))
+    records = other.get("records") if isinstance(other.get("records"), dict) else None
+    if records is None:  # a bare record, or a file keyed some other way
+        return schema_diff(record, other)
+    if not records:
+        raise ConfigError(f"task.schema_from={str(path)!r}: no records in that file")
+    return schema_diff(record, records.get(key) or next(iter(records.values())))
+
+
+@dataclass
+class CalibrateOutcome:
+    path: Path
+    result: CalibrationResult
+    schema_diff: list[str] | None = field(default=None)
+
+
+def run_calibration(cfg: Config) -> CalibrateOutcome:
+    """Resolve the model folder, calibrate, write the JSON (and the schema diff, if asked)."""
+    from splitlab.launch.ring import model_ref
+
+    task = cfg.task
+    options = options_from(task)
+    run_dir = Path(cfg.run_dir or f"outputs/calibrate-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    folder = model_ref(cfg.model, run_dir, seed=task.seed)
+    result, extra = calibrate(folder, model=cfg.model.name, device=cfg.device,
+                              dtype=cfg.model.dtype.value, options=options)  # fmt: skip
+    path = Path(task.out) if task.out else run_dir / "calibration.json"
+    write_record(path, result, extra)
+    outcome = CalibrateOutcome(path=path, result=result)
+    if task.schema_from:
+        outcome.schema_diff = diff_against(task.schema_from, result.key, result.to_dict())
+    return outcome
+
+
+def summary_lines(outcome: CalibrateOutcome) -> list[str]:
+    result = outcome.result
+    lines = [f"wrote {outcome.path} [{result.key}] calibrated=false"]
+    for name, fit in (
+        ("decode", result.decode),
+        ("prefill", result.prefill),
+        ("link", result.link),
+    ):
+        r2 = (fit or {}).get("r2")
+        params = (fit or {}).get("params") or {}
+        shown = ", ".join(f"{k}={v:.4g}" for k, v in params.items())
+        lines.append(f"{name}: {shown or 'no fit'}  r2={'n/a' if r2 is None else f'{r2:.4f}'}")
+    lines += [f"warning: {w}" for w in result.warnings]
+    if outcome.schema_diff is not None:
+        lines.append(f"schema diff against {outcome.result.key}: "
+                     f"{len(outcome.schema_diff)} difference(s)")  # fmt: skip
+        lines += [f"  {line}" for line in outcome.schema_diff]
+    return lines
+
+
+def run_calibrate(cfg: Config) -> int:
+    """The `task=calibrate` runner: prints where the JSON went, the fits and the warnings."""
+    outcome = run_calibration(cfg)
+    for line in summary_lines(outcome):
+        print(line)
+    return 0
