@@ -4,10 +4,11 @@ Per window:
 
 1. collect every owner's PLAN: how many microbatches each sends here, and the group total;
 2. send OPEN (group total, the per-owner credit) to every owner;
-3. serve until every planned microbatch finished its body backward, backward first: a
-   BODY_BACKWARD runs the kept graph, releases it and returns FRONT_BACKWARD; a BODY_FORWARD
-   runs the body once, keeps its graph (pinned here until its backward) and returns
-   TAIL_FORWARD. An owner exceeding its credit is a protocol error;
+3. serve until every planned microbatch finished its body backward: arrived frames go into
+   ready queues (`splitlab.train.ready`) served backward first and, among owners, by their
+   weights. A BODY_BACKWARD runs the kept graph, releases it and returns FRONT_BACKWARD; a
+   BODY_FORWARD runs the body once, keeps its graph (pinned here until its backward) and
+   returns TAIL_FORWARD. An owner exceeding its credit or its plan is a protocol error;
 4. collect every owner's DRAINED, step the body (if it ran anything), enter the next window,
    then send COMMIT with the measured throughput (padded tokens / body seconds).
 
@@ -18,7 +19,9 @@ Any failure sends ABORT to every owner with the cause before it propagates.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+import torch
 
 from splitlab.control.endpoint import ControlEndpoint
 from splitlab.control.messages import Commit, Drained, Kind, Open, Plan
@@ -41,6 +44,7 @@ from splitlab.train.protocol import (
     owned,
     try_recv,
 )
+from splitlab.train.ready import ReadyQueues, Work
 from splitlab.train.window import InflightLedger
 from splitlab.wire.base import Message, Priority, Transport
 from splitlab.wire.frame import Lane, Routing
@@ -59,9 +63,12 @@ class WorkerScheduler:
         credit: int,
         worker_max_inflight: int,
         settings: SchedulerSettings,
+        owner_weights: Mapping[str, float] | None = None,
         emit: Emit | None = None,
     ) -> None:
         self.node, self.transport, self.control = node, transport, control
+        # Service weights of the owners' ready queues (their registered weights; equal by default).
+        self.owner_weights = dict(owner_weights or dict.fromkeys(owners, 1.0))
         self.owners = list(owners)
         self.credit, self.worker_max_inflight = credit, worker_max_inflight
         self.settings = settings
@@ -125,6 +132,7 @@ class WorkerScheduler:
         ledger = InflightLedger(
             total=self.worker_max_inflight, credit_by_peer=dict.fromkeys(self.owners, self.credit)
         )
+        ready: ReadyQueues[tuple[int, dict[str, torch.Tensor]]] = ReadyQueues(self.owner_weights)
         arrived = dict.fromkeys(self.owners, 0)
         done, total = 0, sum(expected.values())
         watchdog = Watchdog(self.control, timeout_s=timeout_s, what=f"serving window {window_id}")
@@ -132,45 +140,56 @@ class WorkerScheduler:
         def routing(microbatch: int) -> Routing:
             return Routing(session=self.control.session, window=window_id, microbatch=microbatch)
 
-        def backward(msg: Message) -> None:
+        def pull(lane: Lane, wait_s: float = 0.0) -> bool:
+            """Move one arrived frame into the ready queues (tensors copied, buffer released)."""
+            msg = try_recv(transport, lane, wait_s)
+            if msg is None:
+                return False
+            returning = lane is Lane.GRADIENT
             with msg:
-                microbatch = self._check(msg, BODY_BACKWARD, window_id)
-                grad = owned(msg, GRAD)
-            ledger.release((msg.peer, microbatch))
-            grad_in = self.node.body_backward((msg.peer, microbatch), grad)
-            transport.send(
-                msg.peer, Lane.GRADIENT, FRONT_BACKWARD, {GRAD: grad_in},
-                routing=routing(microbatch), priority=Priority.BACKWARD, timeout_s=timeout_s,
-            ).wait(timeout_s)  # fmt: skip
+                microbatch = self._check(
+                    msg, BODY_BACKWARD if returning else BODY_FORWARD, window_id
+                )
+                tensors = {name: owned(msg, name) for name in msg.tensors}
+            if not returning:
+                arrived[msg.peer] += 1
+                if arrived[msg.peer] > expected[msg.peer]:
+                    raise ProtocolError(
+                        f"{msg.peer!r} sent more than its planned {expected[msg.peer]} "
+                        f"microbatches in window {window_id}"
+                    )
+                ledger.admit((msg.peer, microbatch), msg.peer)  # over credit: protocol error
+            ready.push(Work.RETURNING if returning else Work.NEW, msg.peer, (microbatch, tensors))
+            return True
 
         while done < total:
-            msg = try_recv(transport, Lane.GRADIENT)
-            if msg is not None:  # backward first: it releases a graph and a credit
-                backward(msg)
-                done += 1
-                watchdog.progress()
-                continue
-            msg = try_recv(transport, Lane.ACTIVATION, IDLE_WAIT_S)
-            if msg is None:
+            while pull(Lane.GRADIENT):
+                pass
+            while pull(Lane.ACTIVATION):
+                pass
+            item = ready.pop()  # backward first; among owners, by their weights
+            if item is None:
                 watchdog.check(
                     o for o in self.owners if arrived[o] < expected[o] or ledger.live_on(o)
                 )
+                pull(Lane.ACTIVATION, IDLE_WAIT_S)
                 continue
-            with msg:
-                microbatch = self._check(msg, BODY_FORWARD, window_id)
-                hidden, pad_mask = owned(msg, HIDDEN), owned(msg, PAD_MASK)
-            arrived[msg.peer] += 1
-            if arrived[msg.peer] > expected[msg.peer]:
-                raise ProtocolError(
-                    f"{msg.peer!r} sent more than its planned {expected[msg.peer]} microbatches "
-                    f"in window {window_id}"
-                )
-            ledger.admit((msg.peer, microbatch), msg.peer)
-            out = self.node.body_forward((msg.peer, microbatch), hidden, pad_mask)
-            transport.send(
-                msg.peer, Lane.ACTIVATION, TAIL_FORWARD, {HIDDEN: out},
-                routing=routing(microbatch), timeout_s=timeout_s,
-            ).wait(timeout_s)  # fmt: skip
+            work, owner, (microbatch, tensors) = item
+            key = (owner, microbatch)
+            if work is Work.RETURNING:
+                ledger.release(key)
+                grad_in = self.node.body_backward(key, tensors[GRAD])
+                transport.send(
+                    owner, Lane.GRADIENT, FRONT_BACKWARD, {GRAD: grad_in},
+                    routing=routing(microbatch), priority=Priority.BACKWARD, timeout_s=timeout_s,
+                ).wait(timeout_s)  # fmt: skip
+                done += 1
+            else:
+                out = self.node.body_forward(key, tensors[HIDDEN], tensors[PAD_MASK])
+                transport.send(
+                    owner, Lane.ACTIVATION, TAIL_FORWARD, {HIDDEN: out},
+                    routing=routing(microbatch), timeout_s=timeout_s,
+                ).wait(timeout_s)  # fmt: skip
             watchdog.progress()
 
     def _check(self, msg: Message, kind: str, window_id: int) -> int:
