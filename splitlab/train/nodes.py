@@ -64,6 +64,43 @@ def clip_and_step(
     optimizer.zero_grad(set_to_none=True)
 
 
+def device_of(module: nn.Module) -> torch.device:
+    """Where a part computes (its first parameter or buffer; CPU for an empty part)."""
+    for tensor in (*module.parameters(), *module.buffers()):
+        return tensor.device
+    return torch.device("cpu")
+
+
+class BodyTimer:
+    """Body compute seconds: CUDA events on a GPU (read once, at the window boundary, so the
+    compute stream is never synchronised mid-window), the injected clock on a CPU."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.seconds = 0.0
+        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def time(self, device: torch.device, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = fn()
+            end.record()
+            self._events.append((start, end))
+            return out
+        began = self.clock()
+        out = fn()
+        self.seconds += self.clock() - began
+        return out
+
+    def total_s(self) -> float:
+        if self._events:
+            self._events[-1][1].synchronize()
+            self.seconds += sum(s.elapsed_time(e) for s, e in self._events) / 1000.0
+            self._events.clear()
+        return self.seconds
+
+
 def _take(live: dict[Hashable, tuple[torch.Tensor, torch.Tensor]], key: Hashable, node: str):
     try:
         return live.pop(key)
@@ -111,7 +148,7 @@ class OwnerNode:
     ) -> tuple[torch.Tensor, float]:
         """Tail forward, loss x `scale`, backward at once; returns (grad to the body, loss)."""
         pad_mask = batch[PAD_MASK]
-        tail_in = hidden_BTH.detach().requires_grad_()
+        tail_in = hidden_BTH.detach().to(device_of(self.tail)).requires_grad_()
         logits = self.tail(tail_in, pad_mask, positions_from_pad_mask(pad_mask))
         adapter = self.tail.adapter
         loss = adapter.loss(logits, adapter.labels(batch))
@@ -127,7 +164,7 @@ class OwnerNode:
 
     def front_backward(self, microbatch: Hashable, grad_BTH: torch.Tensor) -> None:
         front_out, _ = _take(self._live, microbatch, self.name)
-        front_out.backward(grad_BTH)
+        front_out.backward(grad_BTH.to(front_out.device))
 
 
 @dataclass
@@ -140,8 +177,8 @@ class WorkerNode:
     clock: Callable[[], float] = time.perf_counter  # body timing for adaptive weights
     num_samples: int = 0  # sequences processed this round (the FedAvg weight)
     padded_tokens: int = 0  # this window, for the throughput report
-    compute_s: float = 0.0  # this window's body forward + backward time
     _live: dict[Hashable, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    _timer: BodyTimer | None = None
 
     @property
     def params(self) -> list[nn.Parameter]:
@@ -155,19 +192,32 @@ class WorkerNode:
         return self.body.state_dict()
 
     def start_window(self) -> None:
-        self.padded_tokens, self.compute_s = 0, 0.0
+        self.padded_tokens, self._timer = 0, BodyTimer(self.clock)
+
+    @property
+    def compute_s(self) -> float:
+        """This window's body forward + backward seconds (waits for CUDA events if any)."""
+        return self._timer.total_s() if self._timer is not None else 0.0
 
     def tokens_per_s(self) -> float | None:
-        return self.padded_tokens / self.compute_s if self.compute_s > 0 else None
+        seconds = self.compute_s
+        return self.padded_tokens / seconds if seconds > 0 else None
+
+    @property
+    def timer(self) -> BodyTimer:
+        if self._timer is None:
+            self._timer = BodyTimer(self.clock)
+        return self._timer
 
     def body_forward(
         self, key: Hashable, hidden_BTH: torch.Tensor, pad_mask_BT: torch.Tensor
     ) -> torch.Tensor:
         """Run the body on a received hidden state (owned by the caller: clone pooled views)."""
-        body_in = hidden_BTH.detach().requires_grad_()
-        start = self.clock()
-        body_out = self.body(body_in, pad_mask_BT, positions_from_pad_mask(pad_mask_BT))
-        self.compute_s += self.clock() - start
+        device = device_of(self.body)
+        pad_mask_BT = pad_mask_BT.to(device)
+        body_in = hidden_BTH.detach().to(device).requires_grad_()
+        positions = positions_from_pad_mask(pad_mask_BT)
+        body_out = self.timer.time(device, lambda: self.body(body_in, pad_mask_BT, positions))
         check_finite_tensor(body_out, f"body output of worker {self.name!r}, microbatch {key}")
         self._live[key] = (body_in, body_out)
         self.num_samples += int(pad_mask_BT.shape[0])
@@ -177,9 +227,13 @@ class WorkerNode:
     def body_backward(self, key: Hashable, grad_BTH: torch.Tensor) -> torch.Tensor:
         """Backward through the kept graph, release it, return the gradient at the front cut."""
         body_in, body_out = _take(self._live, key, self.name)
-        start = self.clock()
-        body_out.backward(grad_BTH)
-        self.compute_s += self.clock() - start
+        grad_BTH = grad_BTH.to(body_out.device)
+
+        def backward() -> torch.Tensor:
+            body_out.backward(grad_BTH)
+            return body_out
+
+        self.timer.time(body_out.device, backward)
         assert body_in.grad is not None
         check_finite_tensor(
             body_in.grad, f"body gradient of worker {self.name!r}, microbatch {key}"

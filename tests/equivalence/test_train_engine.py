@@ -268,3 +268,21 @@ def test_adaptive_weights_switch_from_initial_to_measured_throughput() -> None:
     measured = weights.weights()
     assert measured["w0"] > 2.0 * measured["w1"]  # ~4x the tokens per second
     assert reports[2].assignment["o0"].count("w0") >= 3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", FAMILIES)
+def test_engine_on_cuda_matches_cpu_reference_and_times_with_events(family: str) -> None:
+    ref = tiny_model(family)
+    split = twin(ref).cuda()
+    data = batches(family)
+    on_gpu = [{k: v.cuda() for k, v in b.items()} for b in data]
+
+    train_unsplit(ref, family, data)
+    engine = one_by_one(split)
+    engine.run_round({"o0": on_gpu}, quota=WINDOW)
+
+    split_params = dict(split.named_parameters())
+    for name, param in ref.named_parameters():
+        torch.testing.assert_close(split_params[name].cpu(), param, atol=1e-4, rtol=1e-3)
+    assert engine.workers["w0"].tokens_per_s() is not None
