@@ -1,0 +1,33 @@
+"""One CSV row per multirun job (overrides + key figures from its traces) and one plot.
+
+    .venv/bin/python tools/aggregate_sweep.py outputs/multirun/DATE/TIME
+    .venv/bin/python tools/aggregate_sweep.py SWEEP --x finetune.sft.rank --y final_accuracy \
+        --label architecture.cut_layers
+
+Writes SWEEP/sweep.csv and SWEEP/sweep.png; prints both paths and the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from splitlab.analysis.sweep import write_aggregate
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sweep_dir", help="a multirun folder (hydra.sweep.dir)")
+    parser.add_argument("--x", default=None, help="override on the x axis (default: first varying)")
+    parser.add_argument("--y", default=None, help="metric (default: the first the jobs hold)")
+    parser.add_argument("--label", default=None, help="override drawn as one line per value")
+    args = parser.parse_args(argv)
+    result = write_aggregate(args.sweep_dir, x=args.x, y=args.y, label=args.label)
+    print(result.table.to_string(index=False, max_cols=12))
+    print(f"csv: {result.csv}")
+    print(f"plot: {result.plot}" if result.plot else f"plot: none (x={result.x}, y={result.y})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
