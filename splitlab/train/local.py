@@ -25,9 +25,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from splitlab.train.checkpoint import latest_checkpoint, restore_rng
+from splitlab.models.parts import group
+from splitlab.train.checkpoint import capture_rng, latest_checkpoint, restore_rng, save_checkpoint
 from splitlab.train.engine import Batch, UShapeEngine
-from splitlab.train.rounds import NodeUpdate, finish_round, redistribute
+from splitlab.train.exchange import FULL, Exchange
+from splitlab.train.fedavg import merge_partitions
+from splitlab.train.rounds import NodeUpdate, aggregate
 from splitlab.train.validate import Metrics, evaluate, part_chain
 
 MakeOptimizer = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
@@ -52,6 +55,7 @@ class LocalRounds:
         checkpoint_dir: where round checkpoints go (and where `resume` reads them).
         save_checkpoint: False still averages and redistributes, just writes nothing.
         validation: owner -> held-out microbatches; owners without any skip validation.
+        exchange: what FedAvg averages (`splitlab.train.exchange`: FULL, ADAPTERS, MERGED).
     """
 
     def __init__(
@@ -62,12 +66,14 @@ class LocalRounds:
         checkpoint_dir: Path | None = None,
         save_checkpoint: bool = True,
         validation: Mapping[str, Sequence[Batch]] | None = None,
+        exchange: Exchange = FULL,
     ) -> None:
         self.engine = engine
         self.make_optimizer = make_optimizer
         self.checkpoint_dir = checkpoint_dir
         self.save_checkpoint = save_checkpoint and checkpoint_dir is not None
         self.validation = dict(validation or {})
+        self.exchange = exchange
 
     @property
     def modules(self) -> list[nn.Module]:
@@ -82,7 +88,8 @@ class LocalRounds:
         checkpoint = latest_checkpoint(self.checkpoint_dir)
         if checkpoint is None:
             return 0
-        redistribute(checkpoint.state, self.modules)
+        for module in self.modules:
+            self.exchange.restore(module, checkpoint.state)
         restore_rng(checkpoint.rng)
         return checkpoint.round_id + 1
 
@@ -109,20 +116,29 @@ class LocalRounds:
             for owner in engine.owners
             if self.validation.get(owner.name)
         }
+        ex = self.exchange
+        owner_parts = {o.name: group([o.front, o.tail]) for o in engine.owners}
         updates = [
-            NodeUpdate(o.name, "owner", o.state_dict(), o.num_samples) for o in engine.owners
+            NodeUpdate(o.name, "owner", ex.export(owner_parts[o.name]), o.num_samples)
+            for o in engine.owners
         ]
         updates += [
-            NodeUpdate(w.name, "body", w.state_dict(), w.num_samples)
+            NodeUpdate(w.name, "body", ex.export(w.body), w.num_samples)
             for w in engine.workers.values()
         ]
-        result = finish_round(
-            round_id=round_id,
-            updates=updates,
-            modules=self.modules,
-            checkpoint_dir=self.checkpoint_dir if self.save_checkpoint else None,
-        )
-        return RoundSummary(round_id, len(reports), result.weights, validation, result.checkpoint)
+        averaged = aggregate(updates)
+        for module in [*owner_parts.values(), *(w.body for w in engine.workers.values())]:
+            ex.load(module, averaged)  # also when saving is off: the next round starts global
+        path = None
+        if self.save_checkpoint:
+            assert self.checkpoint_dir is not None
+            owner, worker = engine.owners[0], next(iter(engine.workers.values()))
+            dense = merge_partitions(ex.dense(owner_parts[owner.name]), ex.dense(worker.body))
+            path = save_checkpoint(
+                self.checkpoint_dir, round_id=round_id, state=dense, rng=capture_rng()
+            )
+        weights = {u.node: u.num_samples for u in updates}
+        return RoundSummary(round_id, len(reports), weights, validation, path)
 
     def _validate(self, owner_name: str) -> Metrics:
         """The owner's chain through the worker it weighs most (bodies differ before FedAvg)."""

@@ -11,11 +11,14 @@ import torch
 from model_helpers import padded_batch, tiny_model, twin
 from torch import nn
 
+from splitlab.config.schema import LoraConfig
 from splitlab.models.parts import build_parts
 from splitlab.models.plan import u_shape_plan
-from splitlab.train.checkpoint import completed_rounds
+from splitlab.train.checkpoint import completed_rounds, load_checkpoint
 from splitlab.train.engine import UShapeEngine
+from splitlab.train.exchange import ADAPTERS, MERGED, Exchange
 from splitlab.train.local import LocalRounds
+from splitlab.train.lora import apply_lora, merged_state, trainable_state
 from splitlab.train.nodes import OwnerNode, WorkerNode, partition_parameters
 
 PLAN = u_shape_plan(num_layers=4, cut_layers=1, tail_blocks=1)
@@ -97,3 +100,50 @@ def test_round_summary_reports_weights_and_local_validation(tmp_path: Path) -> N
     assert summary.num_windows == 2
     assert set(summary.validation) == {"o0"}
     assert summary.validation["o0"].perplexity is not None
+
+
+def make_lora_run(checkpoint_dir: Path, exchange: Exchange) -> LocalRounds:
+    base = tiny_model("gpt2")
+    owners, workers = [], []
+    for name in ("o0", "o1"):
+        front, _, tail = build_parts(twin(base), PLAN)
+        apply_lora([front, tail], LoraConfig(r=4, alpha=8.0))
+        owners.append(OwnerNode(name, front, tail, adamw(partition_parameters(front, tail))))
+    _, body, _ = build_parts(twin(base), PLAN)
+    apply_lora([body], LoraConfig(r=4, alpha=8.0))
+    workers.append(WorkerNode("w0", body, adamw(partition_parameters(body))))
+    engine = UShapeEngine(owners=owners, workers=workers, max_inflight=2, credit=2)
+    return LocalRounds(
+        engine=engine, make_optimizer=adamw, checkpoint_dir=checkpoint_dir, exchange=exchange
+    )
+
+
+def test_lora_adapter_fedavg_moves_only_adapters_and_checkpoints_dense(tmp_path: Path) -> None:
+    run = make_lora_run(tmp_path, ADAPTERS)
+    base_before = {
+        k: v.clone() for k, v in run.modules[0].state_dict().items() if "base_layer" in k
+    }
+
+    (summary,) = run.run(rounds=1, data=data, quota=2)
+
+    front0, tail0, front1, tail1, body = run.modules
+    for name, tensor in trainable_state(front0).items():  # every replica holds the average
+        torch.testing.assert_close(trainable_state(front1)[name], tensor)
+    for key, tensor in base_before.items():  # the frozen base never moved
+        assert torch.equal(front0.state_dict()[key], tensor)
+    saved = load_checkpoint(summary.checkpoint)
+    assert set(saved.state) == set(tiny_model("gpt2").state_dict())  # original keys only
+    torch.testing.assert_close(saved.state["transformer.h.1.attn.c_attn.weight"],
+                               merged_state(body)["transformer.h.1.attn.c_attn.weight"])  # fmt: skip
+
+
+def test_lora_merged_fedavg_folds_the_dense_average_into_every_base(tmp_path: Path) -> None:
+    run = make_lora_run(tmp_path, MERGED)
+
+    (summary,) = run.run(rounds=1, data=data, quota=2)
+
+    saved = load_checkpoint(summary.checkpoint).state
+    for module in run.modules:
+        assert all(not p.any() for n, p in module.named_parameters() if "lora_B" in n)
+        for key, tensor in merged_state(module).items():
+            torch.testing.assert_close(tensor, saved[key])
