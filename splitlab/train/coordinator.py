@@ -38,7 +38,9 @@ from splitlab.train.protocol import abort_peers
 from splitlab.train.rounds import NodeUpdate, aggregate, redistribute
 
 log = logging.getLogger(__name__)
-MERGED = "merged"
+MERGED = "merged"  # UPDATE partition: this round's average, loaded with `Exchange.load`
+RESTORE = "restore"  # UPDATE partition: a checkpoint's dense weights, loaded with `.restore`
+DenseView = Callable[[Mapping[str, torch.Tensor]], dict[str, torch.Tensor]]
 
 
 def encode_state(state: Mapping[str, torch.Tensor]) -> bytes:
@@ -65,8 +67,13 @@ class Coordinator:
         num_windows: int,
         checkpoint_dir: Path | None = None,
         timeout_s: float = 120.0,
+        dense_view: DenseView | None = None,
     ) -> None:
+        """`dense_view` turns the averaged updates into the checkpoint's dense state under the
+        original keys (LoRA adapters need the base: see `splitlab.train.process`); None = as is.
+        """
         self.control = control
+        self.dense_view = dense_view or dict
         self.owners, self.workers = list(owners), list(workers)
         self.num_windows = num_windows
         self.checkpoint_dir = checkpoint_dir
@@ -104,16 +111,17 @@ class Coordinator:
             )  # fmt: skip
             ctl.send_all(self.nodes, start_msg)
             if initial is not None:
-                self._send_merged(initial.round_id, initial.state, None)
+                self._send_merged(initial.round_id, initial.state, None, RESTORE)
                 initial = None
             updates = self._collect_updates(round_id)
             merged = aggregate(updates)
             self.history.append({u.node: u.num_samples for u in updates})
             if self.checkpoint_dir is not None:
+                dense = self.dense_view(merged)
                 save_checkpoint(
-                    self.checkpoint_dir, round_id=round_id, state=merged, rng=capture_rng()
+                    self.checkpoint_dir, round_id=round_id, state=dense, rng=capture_rng()
                 )
-            self._send_merged(round_id, merged, {u.node: set(u.state) for u in updates})
+            self._send_merged(round_id, merged, {u.node: set(u.state) for u in updates}, MERGED)
             log.info("round %d averaged: %s", round_id, self.history[-1])
         ctl.send_all(self.nodes, Stop(session_id=ctl.session, sender=ctl.node_id, reason="done"))
 
@@ -138,7 +146,11 @@ class Coordinator:
         return updates
 
     def _send_merged(
-        self, round_id: int, merged: Mapping[str, torch.Tensor], keys: Mapping[str, set[str]] | None
+        self,
+        round_id: int,
+        merged: Mapping[str, torch.Tensor],
+        keys: Mapping[str, set[str]] | None,
+        partition: str,
     ) -> None:
         ctl = self.control
         for node in self.nodes:
@@ -146,7 +158,7 @@ class Coordinator:
             blob = encode_state({k: merged[k] for k in own if k in merged})
             msg = Update(
                 session_id=ctl.session, sender=ctl.node_id, round_id=round_id,
-                num_samples=0, partition=MERGED, weights=blob,
+                num_samples=0, partition=partition, weights=blob,
             )  # fmt: skip
             ctl.send(node, msg)
 
@@ -204,13 +216,26 @@ def send_update(
     control.send(coordinator, msg)
 
 
+Loader = Callable[[nn.Module, Mapping[str, torch.Tensor]], None]
+
+
+def _redistribute_one(module: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    redistribute(state, [module])
+
+
 def receive_merged(
     control: ControlEndpoint,
     modules: Sequence[nn.Module],
     timeout_s: float,
     idle: Idle | None = None,
+    *,
+    load: Loader = _redistribute_one,
+    restore: Loader = _redistribute_one,
 ) -> int:
-    """Load the coordinator's averaged weights into `modules`; returns their round id.
+    """Load the coordinator's weights into `modules`; returns their round id.
+
+    A MERGED update is a round's average (`load`); a RESTORE update is a checkpoint's dense
+    weights sent on resume (`restore`). See `splitlab.train.exchange` for both per mode.
 
     Raises:
         ProtocolError: the update lacks a key these modules hold.
@@ -218,9 +243,13 @@ def receive_merged(
     """
     msg = _wait(control, (Kind.UPDATE,), timeout_s, idle)
     assert isinstance(msg, Update)
-    if msg.partition != MERGED:
-        raise ProtocolError(f"UPDATE {msg.partition!r} from {msg.sender!r}, expected {MERGED!r}")
+    if msg.partition not in (MERGED, RESTORE):
+        raise ProtocolError(
+            f"UPDATE {msg.partition!r} from {msg.sender!r}, expected {MERGED!r} or {RESTORE!r}"
+        )
     state = decode_state(msg.weights, msg.sender)
     check_finite(msg.sender, state)
-    redistribute(state, modules)
+    loader = load if msg.partition == MERGED else restore
+    for module in modules:
+        loader(module, state)
     return msg.round_id

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -32,19 +33,28 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from splitlab.config.enums import DType, Family, ModelSource
-from splitlab.config.schema import ModelConfig
+from splitlab.config.enums import DType, Family, FinetuneMethod, ModelSource
+from splitlab.config.schema import LoraConfig, ModelConfig
 from splitlab.control.bus import make_bus
 from splitlab.control.embedded import EmbeddedAddress
 from splitlab.control.endpoint import ControlEndpoint
 from splitlab.control.messages import Kind, Register
 from splitlab.errors import ConfigError, ExitCode, SplitlabError
 from splitlab.models.load import load_model
-from splitlab.models.parts import build_parts
+from splitlab.models.parts import Part, build_parts, group
 from splitlab.models.plan import u_shape_plan
 from splitlab.telemetry.trace import Tracer
 from splitlab.train.checkpoint import unshared
-from splitlab.train.coordinator import Coordinator, receive_merged, send_update, wait_start
+from splitlab.train.coordinator import (
+    Coordinator,
+    DenseView,
+    receive_merged,
+    send_update,
+    wait_start,
+)
+from splitlab.train.exchange import ADAPTERS, Exchange, exchange_for
+from splitlab.train.fedavg import merge_partitions
+from splitlab.train.lora import apply_lora
 from splitlab.train.nodes import OwnerNode, WorkerNode, partition_parameters
 from splitlab.train.owner import OwnerScheduler, SchedulerSettings
 from splitlab.train.protocol import abort_peers
@@ -87,6 +97,8 @@ class NodeSpec:
     checkpoint_dir: str | None = None  # coordinator: where round checkpoints go
     trace_dir: str | None = None  # JSONL traces: <trace_dir>/<role>-<name>.jsonl
     val_path: str | None = None  # owners: held-out microbatches, validated before each FedAvg
+    lora: dict[str, Any] | None = None  # LoraConfig fields; None = full fine-tuning
+    merge_for_fedavg: bool = False  # LoRA: average merged dense weights instead of adapters
 
     @classmethod
     def from_json(cls, text: str) -> NodeSpec:
@@ -143,6 +155,7 @@ def run_node(spec: NodeSpec) -> None:
                 control=control, owners=spec.owners, workers=spec.workers,
                 num_windows=spec.num_windows, timeout_s=spec.timeout_s,
                 checkpoint_dir=Path(spec.checkpoint_dir) if spec.checkpoint_dir else None,
+                dense_view=_dense_view(spec),
             )  # fmt: skip
             coordinator.run(rounds=spec.rounds, resume=spec.resume)
             Path(spec.out_path).write_text(json.dumps({"fedavg_weights": coordinator.history}))
@@ -159,7 +172,9 @@ def run_node(spec: NodeSpec) -> None:
         control.close()
 
 
-def _run_member(spec: NodeSpec, control: ControlEndpoint) -> None:
+def _parts(spec: NodeSpec) -> tuple[Part, Part, Part]:
+    """Every process builds the same replica: same seed, same order of random draws (model,
+    then LoRA adapters on front, body and tail), whatever its role."""
     torch.manual_seed(spec.seed)
     model, _ = load_model(model_config(spec.model), load_tokenizer=False)
     plan = u_shape_plan(
@@ -168,6 +183,34 @@ def _run_member(spec: NodeSpec, control: ControlEndpoint) -> None:
         tail_blocks=spec.tail_blocks,
     )
     front, body, tail = build_parts(model, plan)
+    if spec.lora is not None:
+        apply_lora([front, body, tail], LoraConfig(**spec.lora))
+    return front, body, tail
+
+
+def _exchange(spec: NodeSpec) -> Exchange:
+    method = FinetuneMethod.full if spec.lora is None else FinetuneMethod.lora
+    return exchange_for(method, merge_for_fedavg=spec.merge_for_fedavg)
+
+
+def _dense_view(spec: NodeSpec) -> DenseView | None:
+    """The coordinator's checkpoint view: averaged adapters need a replica's base to merge into."""
+    exchange = _exchange(spec)
+    if exchange is not ADAPTERS:
+        return None
+    parts = _parts(spec)
+
+    def dense(averaged: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        for part in parts:
+            exchange.load(part, averaged)
+        return merge_partitions(*(exchange.dense(part) for part in parts))
+
+    return dense
+
+
+def _run_member(spec: NodeSpec, control: ControlEndpoint) -> None:
+    front, body, tail = _parts(spec)
+    exchange = _exchange(spec)
 
     def adamw(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
         return torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay, eps=spec.eps)
@@ -240,11 +283,13 @@ def _run_member(spec: NodeSpec, control: ControlEndpoint) -> None:
             run_windows(0)
         else:
             partition = "owner" if spec.role == "owner" else "body"
+            view = group(modules) if spec.role == "owner" else body  # what FedAvg sees
+            loaders = {"load": exchange.load, "restore": exchange.restore}
             while (
                 start := wait_start(control, spec.coordinator, spec.timeout_s, idle)
             ) is not None:
                 if start.plan.get("load"):
-                    receive_merged(control, modules, spec.timeout_s, idle)
+                    receive_merged(control, modules, spec.timeout_s, idle, **loaders)
                 node.optimizer = adamw(node.params)  # a round starts from the averaged model
                 node.num_samples = 0
                 if spec.role == "owner":
@@ -258,11 +303,13 @@ def _run_member(spec: NodeSpec, control: ControlEndpoint) -> None:
                     tracer.emit("validation", round=start.round_id, worker=via, **metrics.to_dict())
                 send_update(
                     control, spec.coordinator, round_id=start.round_id, partition=partition,
-                    state=node.state_dict(), num_samples=node.num_samples,
+                    state=exchange.export(view), num_samples=node.num_samples,
                 )  # fmt: skip
                 tracer.emit("update", round=start.round_id, num_samples=node.num_samples)
-                receive_merged(control, modules, spec.timeout_s, idle)
-        save_file(unshared(node.state_dict()), spec.out_path)
+                receive_merged(control, modules, spec.timeout_s, idle, **loaders)
+        # original key names, dense (LoRA merged in), whatever the fine-tuning method
+        final = exchange.dense(group(modules) if spec.role == "owner" else body)
+        save_file(unshared(final), spec.out_path)
     finally:
         transport.close()
         tracer.close()

@@ -18,14 +18,18 @@ import pytest
 import torch
 from model_helpers import adapter_of, tiny_config, tiny_model, twin
 from safetensors.torch import load_file
-from test_train_engine import WINDOW, assert_same_parameters, batches, train_unsplit
+from test_train_engine import WINDOW, adamw, assert_same_parameters, batches, train_unsplit
 
+from splitlab.config.schema import LoraConfig
 from splitlab.control.embedded import EmbeddedBusServer
 from splitlab.errors import ExitCode
 from splitlab.launch.supervisor import ChildSpec, run_group
 from splitlab.models.parts import build_parts
 from splitlab.models.plan import u_shape_plan
 from splitlab.train.checkpoint import completed_rounds, load_checkpoint
+from splitlab.train.engine import UShapeEngine
+from splitlab.train.lora import apply_lora, merged_state
+from splitlab.train.nodes import OwnerNode, WorkerNode, partition_parameters
 from splitlab.train.process import DATA_KEY_ENV, save_batches
 from splitlab.train.validate import evaluate, part_chain
 from splitlab.train.window import round_schedule
@@ -283,3 +287,30 @@ def test_owner_validates_through_its_worker_before_fedavg(tmp_path: Path) -> Non
     assert traced["val_samples"] == expected.num_samples
     assert traced["val_loss"] == pytest.approx(expected.loss, rel=1e-5)
     assert traced["val_perplexity"] == pytest.approx(expected.perplexity, rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("merge", [False, True], ids=["adapters", "merged"])
+def test_lora_round_between_processes_matches_in_process(tmp_path: Path, merge: bool) -> None:
+    data = {"o0": batches("gpt2", n=4)}
+    lora = {"r": 4, "alpha": 8.0}
+    coordinator = {"rounds": 1, "checkpoint_dir": str(tmp_path / "ckpt")}
+    children = specs(
+        tmp_path, "gpt2", data, ["w0"], coordinator=coordinator, lora=lora, merge_for_fedavg=merge
+    )
+
+    result = run_group(children, timeout_s=240, sink=None)
+
+    assert result.exit_code == 0, result.diagnosis()
+    model = tiny_model("gpt2")  # the same draws as every process: model, then adapters
+    front, body, tail = build_parts(model, PLAN)
+    apply_lora([front, body, tail], LoraConfig(**lora))
+    owner = OwnerNode("o0", front, tail, adamw(partition_parameters(front, tail)))
+    worker = WorkerNode("w0", body, adamw(partition_parameters(body)))
+    engine = UShapeEngine(owners=[owner], workers=[worker], max_inflight=2, credit=2)
+    engine.run_round(data, quota=WINDOW)
+    expected = {**merged_state(front), **merged_state(tail), **merged_state(body)}
+    saved = load_checkpoint(tmp_path / "ckpt" / "round-000000.safetensors").state
+    assert set(saved) == set(tiny_model("gpt2").state_dict())
+    for key, tensor in expected.items():
+        torch.testing.assert_close(saved[key], tensor, msg=lambda m, k=key: f"{k}: {m}")
