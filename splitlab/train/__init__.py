@@ -1,1 +1,29 @@
-"""splitlab.train."""
+"""splitlab.train: split-federated fine-tuning (U-shape and two-stage), FedAvg, checkpoints.
+
+Pure cores (no sockets, no clocks unless injected):
+    wrr          smooth weighted round robin; adaptive compute weights (EWMA 20%, cap 20:1)
+    window       credits, per-owner quotas, partial windows, the PLAN->COMMIT barrier, ledger
+    ready        ready queues: returning work first, then peers by weight
+    objective    mean of per-microbatch means vs token-weighted loss scaling
+    fedavg       sample-weighted FedAvg over (node, state, num_samples), loud on NaN/Inf
+    checkpoint   atomic safetensors round checkpoints with round number and RNG state
+    exchange     what FedAvg averages per fine-tuning mode (full, LoRA adapters, LoRA merged)
+Compute:
+    nodes        owner/worker halves of one microbatch, live graphs, body timing
+    engine       every U-shape node in one process (the reference the distributed run keeps)
+    two_stage    the two-stage mode in one process
+    lora         peft LoRA on parts; merged dense views; folding an average into the base
+    validate     loss, accuracy, perplexity over any logits function
+    rounds       round end: FedAvg per partition, redistribution, checkpoint
+    local        rounds with every node in one process, with resume
+Networked shells:
+    protocol     frame kinds, polling, watchdog, ABORT fan-out
+    owner        the owner's window scheduler over a Transport and the control bus
+    worker       the worker's window scheduler
+    two_stage_net  first and last stage over a Transport
+    remote_eval  owner validation through a worker (forward only)
+    coordinator  rounds on the bus: START, UPDATE, FedAvg, checkpoints, resume, STOP
+    process      one node per process from a JSON spec (python -m splitlab.train.process)
+
+    .venv/bin/pytest tests/unit/test_train_*.py tests/equivalence/test_train_*.py -q
+"""

@@ -24,7 +24,7 @@ windows. Compute that a distributed run overlaps is serialised here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -258,9 +258,3 @@ class UShapeEngine:
             }
             reports.append(self.run_window(first_window + index, window))
         return reports
-
-
-def reset_round(nodes: Iterable[OwnerNode | WorkerNode]) -> None:
-    """Zero the per-round sample counts (after FedAvg has read them)."""
-    for node in nodes:
-        node.num_samples = 0
