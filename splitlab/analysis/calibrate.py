@@ -72,7 +72,8 @@ class CalibrateOptions:
     prefill_lengths: tuple[int, ...]  # prompt lengths P (tokens)
     link_sizes: tuple[int, ...]  # probe payloads (bytes)
     round_trips: int  # link probe round trips per size
-    repeats: int = 3  # interleaved repetitions per decode/prefill size (median taken)
+    repeats: int = 3  # interleaved repetitions per prefill size (median taken)
+    decode_repeats: int = 7  # interleaved decode batches per context (fastest taken)
     num_blocks: int = 4  # consecutive middle blocks timed together (divided per block)
     threads: int = 0  # torch intra-op threads; 0 = torch's default
     corunner_s: float = 20.0  # upper bound on the contention co-runner's life
@@ -114,6 +115,7 @@ def options_from(task: CalibrateTaskConfig) -> CalibrateOptions:
         contexts=geometric(128, max_context), decode_steps=task.decode_steps,
         prefill_lengths=prefill, link_sizes=geometric(1024, link_top),
         round_trips=task.probe_round_trips, repeats=2 if task.quick else 3,
+        decode_repeats=4 if task.quick else 7,
         num_blocks=task.blocks, threads=task.threads,
     )  # fmt: skip
 
@@ -147,7 +149,7 @@ def measure_contention(part, options: CalibrateOptions) -> dict[str, Any]:  # no
 
     def decode_ms() -> float:
         points = probes.time_decode(part, contexts=[context], steps=options.decode_steps,
-                                    repeats=options.repeats)  # fmt: skip
+                                    repeats=options.decode_repeats)  # fmt: skip
         return points[0][1]
 
     alone = decode_ms()
@@ -192,7 +194,7 @@ def calibrate(
     part = part.to(device)
     torch_dtype = str(next(part.parameters()).dtype).removeprefix("torch.")
     decode_points = probes.time_decode(part, contexts=options.contexts,
-                                       steps=options.decode_steps, repeats=options.repeats)  # fmt: skip
+                                       steps=options.decode_steps, repeats=options.decode_repeats)  # fmt: skip
     decode = fit_decode(*zip(*decode_points, strict=True))
     prefill_points = probes.time_prefill(part, lengths=options.prefill_lengths,
                                          repeats=options.repeats)  # fmt: skip
