@@ -27,12 +27,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-import torch
-
 from splitlab.config.enums import Objective
 from splitlab.models.families import PAD_MASK
 from splitlab.train.nodes import (
     Batch,
+    Crossing,
     OwnerNode,
     WorkerNode,
     clip_and_step,
@@ -192,7 +191,7 @@ class UShapeEngine:
             for o in self.owners
         }
         pending = {o.name: list(range(len(batches[o.name]))) for o in self.owners}
-        live: list[tuple[OwnerNode, WorkerNode, int, torch.Tensor]] = []  # awaiting body backward
+        live: list[tuple[OwnerNode, WorkerNode, int, Crossing]] = []  # awaiting body backward
         while live or any(pending.values()):
             dispatched = False
             for owner in self.owners:  # one forward per owner per turn: owners share workers fairly
@@ -211,9 +210,9 @@ class UShapeEngine:
                     num_targets=num_targets(owner.front.adapter, batch) if group_targets else 0,
                     group_targets=group_targets,
                 )
-                hidden = owner.front_forward(microbatch, batch)
-                hidden = worker.body_forward((owner.name, microbatch), hidden, batch[PAD_MASK])
-                grad, loss = owner.tail_step(microbatch, hidden, batch, scale)
+                sent = owner.front_forward(microbatch, batch)
+                returned = worker.body_forward((owner.name, microbatch), sent, batch[PAD_MASK])
+                grad, loss = owner.tail_step(microbatch, returned, batch, scale)
                 report.losses[owner.name].append(loss)
                 live.append((owner, worker, microbatch, grad))
                 report.peak_live = max(report.peak_live, len(live))

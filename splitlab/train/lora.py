@@ -2,7 +2,9 @@
 
 `apply_lora` injects peft LoRA layers into each part's target modules (the family adapter's
 defaults unless `finetune.lora.targets` names others) and freezes everything else, except the
-head of a classification family: its classifier starts random, so it trains in full. Parts
+head of a classification family (its classifier starts random, so it trains in full) and the
+factors of a low-rank cut (`lowrank_in` / `lowrank_out`, `splitlab.models.lowrank`), which
+train in full as in the SFT paper. Parts
 share modules with the loaded model, so injecting into a part changes that model too, and
 state dict keys keep their upstream prefixes (`model.layers.3.self_attn.q_proj.lora_A...`).
 
@@ -33,7 +35,7 @@ from torch import nn
 from splitlab.config.enums import TaskKind
 from splitlab.config.schema import LoraConfig
 from splitlab.errors import ConfigError
-from splitlab.models.parts import Part
+from splitlab.models.parts import LOWRANK_IN, LOWRANK_OUT, Part
 
 ADAPTER = "default"
 _BASE = ".base_layer."
@@ -72,6 +74,9 @@ def apply_lora(parts: Sequence[Part], cfg: LoraConfig) -> None:
         if part.span.has_head and part.adapter.task is TaskKind.classification:
             for path in part.adapter.head_paths:
                 part.get_submodule(path).requires_grad_(True)
+        for name, module in part.named_modules():
+            if name.rsplit(".", 1)[-1] in (LOWRANK_IN, LOWRANK_OUT):
+                module.requires_grad_(True)
     if parts and not injected:
         raise ConfigError(
             f"finetune.lora.targets={list(cfg.targets)}: no module of these parts matches "

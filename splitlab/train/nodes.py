@@ -3,17 +3,24 @@
 These are the node-side halves of the U-shape step, written once and called both by the
 in-process engine (direct calls) and by the networked schedulers (on received frames):
 
-    owner   front_forward(mb, batch)          -> hidden_BTH to send   (front graph kept)
-    worker  body_forward(key, hidden_BTH, ..) -> hidden_BTH to return (body graph kept)
-    owner   tail_step(mb, hidden_BTH, scale)  -> grad_BTH to send     (tail fwd+loss+bwd at once)
-    worker  body_backward(key, grad_BTH)      -> grad_BTH to return   (body graph released)
-    owner   front_backward(mb, grad_BTH)                              (front graph released)
+    owner   front_forward(mb, batch)         -> crossing to send  (front graph kept)
+    worker  body_forward(key, crossing, ..)  -> crossing to return (body graph kept)
+    owner   tail_step(mb, crossing, scale)   -> grads to send     (tail fwd+loss+bwd at once)
+    worker  body_backward(key, grads)        -> grads to return   (body graph released)
+    owner   front_backward(mb, grads)                             (front graph released)
+
+A crossing is a mapping of named tensors, `Part.sends` of the sender (= `Part.receives` of the
+receiver): `{"hidden_BTH"}` at an ordinary cut, `{"code_BTR"}` or `{"code_BTR",
+"residual_BTH"}` at a low-rank cut (`splitlab.models.lowrank`). Gradients travel under
+`grad_name(name)`: `grad_BTH` for hidden_BTH, `grad_code_BTR`, `grad_residual_BTH`. A node takes
+the names its part needs from a received mapping and ignores the rest (e.g. the padding mask
+that shares the frame), so the schedulers ship whatever mapping the halves give.
 
 Every forward runs once (dropout masks are drawn once, the backward reuses them); a graph is
 dropped the moment its backward ran. Each tensor a node sends is checked for NaN/Inf first, so
 the error names the node that produced it and the microbatch.
 
-Legend: B batch, T tokens, H hidden size.
+Legend: B batch, T tokens, H hidden size, R rank of a low-rank cut.
 
     .venv/bin/pytest tests/equivalence/test_train_engine.py -q
 """
@@ -24,16 +31,66 @@ import math
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 from torch import nn
 
 from splitlab.errors import NonFiniteError, ProtocolError
 from splitlab.models.families import INPUT_IDS, PAD_MASK
-from splitlab.models.parts import Part, group
+from splitlab.models.parts import HIDDEN, Part, group
 from splitlab.models.tokens import positions_from_pad_mask
 
+T = TypeVar("T")
 Batch = Mapping[str, torch.Tensor]
+Crossing = Mapping[str, torch.Tensor]  # named tensors at a cut (activations or gradients)
+Live = dict[Hashable, tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]
+
+
+def grad_name(name: str) -> str:
+    """The wire name of the gradient of crossing tensor `name` (`hidden_BTH` -> `grad_BTH`)."""
+    return "grad_BTH" if name == HIDDEN else f"grad_{name}"
+
+
+def as_crossing(out: torch.Tensor | Crossing) -> dict[str, torch.Tensor]:
+    """A part's output as named tensors (an ordinary cut returns a bare hidden_BTH)."""
+    return dict(out) if isinstance(out, Mapping) else {HIDDEN: out}
+
+
+def pick(received: Crossing, names: Sequence[str], what: str) -> dict[str, torch.Tensor]:
+    """The tensors `names` of a received mapping.
+
+    Raises:
+        ProtocolError: one is missing (naming it, what was received and `what` it is for).
+    """
+    missing = [name for name in names if name not in received]
+    if missing:
+        raise ProtocolError(f"{what} needs {missing} but got {sorted(received)}")
+    return {name: received[name] for name in names}
+
+
+def leaves(crossing: Crossing, device: torch.device) -> dict[str, torch.Tensor]:
+    """Fresh autograd leaves on `device` for a received crossing (the graph starts here)."""
+    return {n: t.detach().to(device).requires_grad_() for n, t in crossing.items()}
+
+
+def leaf_grads(inputs: Mapping[str, torch.Tensor], what: str) -> dict[str, torch.Tensor]:
+    """The gradients at a part's input leaves, under their wire names, checked finite."""
+    grads = {}
+    for name, leaf in inputs.items():
+        grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+        check_finite_tensor(grad, f"{what} ({name})")
+        grads[grad_name(name)] = grad
+    return grads
+
+
+def backward_crossing(outputs: Mapping[str, torch.Tensor], grads: Crossing, what: str) -> None:
+    """Backward through a kept graph from the gradients of its crossing tensors."""
+    wanted = pick(grads, [grad_name(n) for n in outputs], what)
+    tensors = list(outputs.values())
+    torch.autograd.backward(
+        tensors, [g.to(t.device) for g, t in zip(wanted.values(), tensors, strict=True)]
+    )
 
 
 def partition_parameters(*modules: nn.Module) -> list[nn.Parameter]:
@@ -80,7 +137,7 @@ class BodyTimer:
         self.seconds = 0.0
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
-    def time(self, device: torch.device, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+    def time(self, device: torch.device, fn: Callable[[], T]) -> T:
         if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -101,7 +158,7 @@ class BodyTimer:
         return self.seconds
 
 
-def _take(live: dict[Hashable, tuple[torch.Tensor, torch.Tensor]], key: Hashable, node: str):
+def _take(live: Live, key: Hashable, node: str):
     try:
         return live.pop(key)
     except KeyError:
@@ -117,7 +174,7 @@ class OwnerNode:
     tail: Part
     optimizer: torch.optim.Optimizer
     num_samples: int = 0  # sequences processed this round (the FedAvg weight)
-    _live: dict[Hashable, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    _live: Live = field(default_factory=dict)
 
     @property
     def params(self) -> list[nn.Parameter]:
@@ -132,39 +189,43 @@ class OwnerNode:
         """The owner partition under the original checkpoint keys."""
         return group([self.front, self.tail]).state_dict()
 
-    def front_forward(self, microbatch: Hashable, batch: Batch) -> torch.Tensor:
+    def front_forward(self, microbatch: Hashable, batch: Batch) -> dict[str, torch.Tensor]:
+        """Embeddings + front blocks; returns detached copies of `front.sends` to send."""
         pad_mask = batch[PAD_MASK]
-        front_out = self.front(batch[INPUT_IDS], pad_mask, positions_from_pad_mask(pad_mask))
-        check_finite_tensor(
-            front_out, f"front output of owner {self.name!r}, microbatch {microbatch}"
-        )
-        sent = front_out.detach()
+        out = self.front(batch[INPUT_IDS], pad_mask, positions_from_pad_mask(pad_mask))
+        front_out = as_crossing(out)
+        for name, tensor in front_out.items():
+            check_finite_tensor(
+                tensor, f"front output of owner {self.name!r}, microbatch {microbatch} ({name})"
+            )
+        sent = {name: tensor.detach() for name, tensor in front_out.items()}
         self._live[microbatch] = (front_out, sent)
         self.num_samples += int(pad_mask.shape[0])
         return sent
 
     def tail_step(
-        self, microbatch: Hashable, hidden_BTH: torch.Tensor, batch: Batch, scale: float
-    ) -> tuple[torch.Tensor, float]:
-        """Tail forward, loss x `scale`, backward at once; returns (grad to the body, loss)."""
+        self, microbatch: Hashable, crossing: Crossing, batch: Batch, scale: float
+    ) -> tuple[dict[str, torch.Tensor], float]:
+        """Tail forward, loss x `scale`, backward at once; returns (grads to the body, loss)."""
         pad_mask = batch[PAD_MASK]
-        tail_in = hidden_BTH.detach().to(device_of(self.tail)).requires_grad_()
-        logits = self.tail(tail_in, pad_mask, positions_from_pad_mask(pad_mask))
+        what = f"tail of owner {self.name!r}, microbatch {microbatch}"
+        tail_in = leaves(pick(crossing, self.tail.receives, what), device_of(self.tail))
+        x = tail_in if self.tail.span.code_in is not None else tail_in[HIDDEN]
+        logits = self.tail(x, pad_mask, positions_from_pad_mask(pad_mask))
         adapter = self.tail.adapter
         loss = adapter.loss(logits, adapter.labels(batch))
         value = float(loss.detach())
         if not math.isfinite(value):
             raise NonFiniteError(f"loss {value} on owner {self.name!r}, microbatch {microbatch}")
         (loss * scale).backward()
-        assert tail_in.grad is not None
-        check_finite_tensor(
-            tail_in.grad, f"tail gradient of owner {self.name!r}, microbatch {microbatch}"
-        )
-        return tail_in.grad, value
+        grads = leaf_grads(tail_in, f"tail gradient of owner {self.name!r}, mb {microbatch}")
+        return grads, value
 
-    def front_backward(self, microbatch: Hashable, grad_BTH: torch.Tensor) -> None:
+    def front_backward(self, microbatch: Hashable, grads: Crossing) -> None:
         front_out, _ = _take(self._live, microbatch, self.name)
-        front_out.backward(grad_BTH.to(front_out.device))
+        backward_crossing(
+            front_out, grads, f"front backward of owner {self.name!r}, microbatch {microbatch}"
+        )
 
 
 @dataclass
@@ -177,7 +238,7 @@ class WorkerNode:
     clock: Callable[[], float] = time.perf_counter  # body timing for adaptive weights
     num_samples: int = 0  # sequences processed this round (the FedAvg weight)
     padded_tokens: int = 0  # this window, for the throughput report
-    _live: dict[Hashable, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    _live: Live = field(default_factory=dict)
     _timer: BodyTimer | None = None
 
     @property
@@ -210,32 +271,34 @@ class WorkerNode:
         return self._timer
 
     def body_forward(
-        self, key: Hashable, hidden_BTH: torch.Tensor, pad_mask_BT: torch.Tensor
-    ) -> torch.Tensor:
-        """Run the body on a received hidden state (owned by the caller: clone pooled views)."""
+        self, key: Hashable, crossing: Crossing, pad_mask_BT: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """Run the body on received tensors (`body.receives`; owned by the caller: clone
+        pooled views); returns detached copies of `body.sends`."""
         device = device_of(self.body)
+        what = f"body of worker {self.name!r}, microbatch {key}"
         pad_mask_BT = pad_mask_BT.to(device)
-        body_in = hidden_BTH.detach().to(device).requires_grad_()
+        body_in = leaves(pick(crossing, self.body.receives, what), device)
+        x = body_in if self.body.span.code_in is not None else body_in[HIDDEN]
         positions = positions_from_pad_mask(pad_mask_BT)
-        body_out = self.timer.time(device, lambda: self.body(body_in, pad_mask_BT, positions))
-        check_finite_tensor(body_out, f"body output of worker {self.name!r}, microbatch {key}")
+        out = self.timer.time(device, lambda: self.body(x, pad_mask_BT, positions))
+        body_out = as_crossing(out)
+        for name, tensor in body_out.items():
+            check_finite_tensor(
+                tensor, f"body output of worker {self.name!r}, microbatch {key} ({name})"
+            )
         self._live[key] = (body_in, body_out)
         self.num_samples += int(pad_mask_BT.shape[0])
         self.padded_tokens += int(pad_mask_BT.numel())
-        return body_out.detach()
+        return {name: tensor.detach() for name, tensor in body_out.items()}
 
-    def body_backward(self, key: Hashable, grad_BTH: torch.Tensor) -> torch.Tensor:
-        """Backward through the kept graph, release it, return the gradient at the front cut."""
+    def body_backward(self, key: Hashable, grads: Crossing) -> dict[str, torch.Tensor]:
+        """Backward through the kept graph, release it, return the gradients at the front cut."""
         body_in, body_out = _take(self._live, key, self.name)
-        grad_BTH = grad_BTH.to(body_out.device)
+        what = f"body backward of worker {self.name!r}, microbatch {key}"
 
-        def backward() -> torch.Tensor:
-            body_out.backward(grad_BTH)
-            return body_out
+        def backward() -> None:
+            backward_crossing(body_out, grads, what)
 
-        self.timer.time(body_out.device, backward)
-        assert body_in.grad is not None
-        check_finite_tensor(
-            body_in.grad, f"body gradient of worker {self.name!r}, microbatch {key}"
-        )
-        return body_in.grad
+        self.timer.time(device_of(self.body), backward)
+        return leaf_grads(body_in, f"body gradient of worker {self.name!r}, microbatch {key}")

@@ -35,8 +35,6 @@ from splitlab.train.protocol import (
     BODY_BACKWARD,
     BODY_FORWARD,
     FRONT_BACKWARD,
-    GRAD,
-    HIDDEN,
     IDLE_WAIT_S,
     PAD_MASK,
     TAIL_FORWARD,
@@ -147,7 +145,7 @@ class OwnerScheduler:
         def front_backward(msg: Message) -> None:
             with msg:
                 microbatch = self._check(msg, FRONT_BACKWARD, window_id, ledger)
-                grad = owned(msg, GRAD)
+                grad = {name: owned(msg, name) for name in msg.tensors}
             self.node.front_backward(microbatch, grad)
             ledger.release(microbatch)
             self.emit(
@@ -165,11 +163,11 @@ class OwnerScheduler:
             if msg is not None:
                 with msg:
                     microbatch = self._check(msg, TAIL_FORWARD, window_id, ledger)
-                    hidden = owned(msg, HIDDEN)
+                    hidden = {name: owned(msg, name) for name in msg.tensors}
                 grad, loss = self.node.tail_step(microbatch, hidden, batches[microbatch], scale)
                 losses.append(loss)
                 transport.send(
-                    msg.peer, Lane.GRADIENT, BODY_BACKWARD, {GRAD: grad},
+                    msg.peer, Lane.GRADIENT, BODY_BACKWARD, grad,
                     routing=routing(microbatch), priority=Priority.BACKWARD, timeout_s=timeout_s,
                 ).wait(timeout_s)  # fmt: skip
                 busy = True
@@ -180,7 +178,7 @@ class OwnerScheduler:
                 ledger.admit(microbatch, worker)
                 batch = batches[microbatch]
                 hidden = self.node.front_forward(microbatch, batch)
-                tensors = {HIDDEN: hidden, PAD_MASK: batch[ATTENTION_MASK]}
+                tensors = {**hidden, PAD_MASK: batch[ATTENTION_MASK]}
                 transport.send(
                     worker, Lane.ACTIVATION, BODY_FORWARD, tensors,
                     routing=routing(microbatch), timeout_s=timeout_s,

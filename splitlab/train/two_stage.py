@@ -24,14 +24,21 @@ import torch
 
 from splitlab.errors import ConfigError, NonFiniteError
 from splitlab.models.families import INPUT_IDS, PAD_MASK
-from splitlab.models.parts import Part
+from splitlab.models.parts import HIDDEN, Part
 from splitlab.models.tokens import positions_from_pad_mask
 from splitlab.train.engine import Emit
 from splitlab.train.nodes import (
     Batch,
+    Crossing,
+    as_crossing,
+    backward_crossing,
     check_finite_tensor,
     clip_and_step,
+    device_of,
+    leaf_grads,
+    leaves,
     partition_parameters,
+    pick,
 )
 
 ReturnOrder = Callable[[int], Sequence[int]]  # window size -> order the gradients come back in
@@ -81,6 +88,7 @@ class TwoStageEngine:
         self.emit: Emit = emit or (lambda kind, **fields: None)
         self.first_params = partition_parameters(first)
         self.last_params = partition_parameters(last)
+        self.last_device = device_of(last)
 
     def run(self, batches: Sequence[Batch]) -> list[float]:
         """Train on `batches` in windows of `control_count`; returns the per-microbatch losses."""
@@ -91,17 +99,20 @@ class TwoStageEngine:
         return losses
 
     def _window(self, window_id: int, first_id: int, chunk: Sequence[Batch]) -> list[float]:
-        live: dict[int, torch.Tensor] = {}
-        sent: list[tuple[int, torch.Tensor, Batch]] = []
+        live: dict[int, dict[str, torch.Tensor]] = {}
+        sent: list[tuple[int, dict[str, torch.Tensor], Batch]] = []
         for offset, batch in enumerate(chunk):
             data_id = first_id + offset
             pad_mask = batch[PAD_MASK]
-            output = self.first(batch[INPUT_IDS], pad_mask, positions_from_pad_mask(pad_mask))
-            check_finite_tensor(output, f"first-stage output of microbatch {data_id}")
-            live[data_id] = output  # the graph stays here; only the copy below travels
-            sent.append((data_id, output.detach(), batch))
+            output = as_crossing(
+                self.first(batch[INPUT_IDS], pad_mask, positions_from_pad_mask(pad_mask))
+            )
+            for name, tensor in output.items():
+                check_finite_tensor(tensor, f"first-stage output of microbatch {data_id} ({name})")
+            live[data_id] = output  # the graph stays here; only the copies below travel
+            sent.append((data_id, {n: t.detach() for n, t in output.items()}, batch))
             self.emit("forward", window=window_id, microbatch=data_id, stage="first")
-        returned: dict[int, torch.Tensor] = {}
+        returned: dict[int, dict[str, torch.Tensor]] = {}
         losses: list[float] = []
         for data_id, hidden, batch in sent:
             grad, loss = self._last_stage_step(data_id, hidden, batch)
@@ -111,7 +122,9 @@ class TwoStageEngine:
         if sorted(order) != sorted(live):
             raise ValueError(f"return order {order} is not a permutation of {sorted(live)}")
         for data_id in order:
-            live.pop(data_id).backward(returned.pop(data_id))  # releases this graph
+            backward_crossing(  # releases this graph
+                live.pop(data_id), returned.pop(data_id), f"first-stage backward of {data_id}"
+            )
             self.emit("backward", window=window_id, microbatch=data_id, stage="first")
         for param in self.first_params:
             if param.grad is not None:
@@ -121,12 +134,14 @@ class TwoStageEngine:
         return losses
 
     def _last_stage_step(
-        self, data_id: int, hidden: torch.Tensor, batch: Batch
-    ) -> tuple[torch.Tensor, float]:
+        self, data_id: int, crossing: Crossing, batch: Batch
+    ) -> tuple[dict[str, torch.Tensor], float]:
         """What the last stage does per arriving microbatch: forward, loss, backward, step."""
-        leaf = hidden.requires_grad_()
+        what = f"last stage, microbatch {data_id}"
+        inputs = leaves(pick(crossing, self.last.receives, what), self.last_device)
+        x = inputs if self.last.span.code_in is not None else inputs[HIDDEN]
         pad_mask = batch[PAD_MASK]
-        logits = self.last(leaf, pad_mask, positions_from_pad_mask(pad_mask))
+        logits = self.last(x, pad_mask, positions_from_pad_mask(pad_mask))
         adapter = self.last.adapter
         loss = adapter.loss(logits, adapter.labels(batch))
         value = float(loss.detach())
@@ -134,6 +149,4 @@ class TwoStageEngine:
             raise NonFiniteError(f"last-stage loss {value} on microbatch {data_id}")
         loss.backward()
         clip_and_step(self.last_params, self.last_optimizer, self.clip_grad_norm)
-        assert leaf.grad is not None
-        check_finite_tensor(leaf.grad, f"last-stage gradient of microbatch {data_id}")
-        return leaf.grad, value
+        return leaf_grads(inputs, f"last-stage gradient of microbatch {data_id}"), value

@@ -33,8 +33,6 @@ from splitlab.train.protocol import (
     BODY_BACKWARD,
     BODY_FORWARD,
     FRONT_BACKWARD,
-    GRAD,
-    HIDDEN,
     IDLE_WAIT_S,
     PAD_MASK,
     TAIL_FORWARD,
@@ -178,16 +176,16 @@ class WorkerScheduler:
             key = (owner, microbatch)
             if work is Work.RETURNING:
                 ledger.release(key)
-                grad_in = self.node.body_backward(key, tensors[GRAD])
+                grad_in = self.node.body_backward(key, tensors)
                 transport.send(
-                    owner, Lane.GRADIENT, FRONT_BACKWARD, {GRAD: grad_in},
+                    owner, Lane.GRADIENT, FRONT_BACKWARD, grad_in,
                     routing=routing(microbatch), priority=Priority.BACKWARD, timeout_s=timeout_s,
                 ).wait(timeout_s)  # fmt: skip
                 done += 1
             else:
-                out = self.node.body_forward(key, tensors[HIDDEN], tensors[PAD_MASK])
+                out = self.node.body_forward(key, tensors, tensors[PAD_MASK])
                 transport.send(
-                    owner, Lane.ACTIVATION, TAIL_FORWARD, {HIDDEN: out},
+                    owner, Lane.ACTIVATION, TAIL_FORWARD, out,
                     routing=routing(microbatch), timeout_s=timeout_s,
                 ).wait(timeout_s)  # fmt: skip
             watchdog.progress()
