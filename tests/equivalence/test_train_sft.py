@@ -47,11 +47,13 @@ def chain_loss(parts: Sequence[Part], batch: dict[str, torch.Tensor]) -> torch.T
     return adapter.loss(x, adapter.labels(batch))
 
 
-def train_chained(parts: Sequence[Part], data: Sequence[dict[str, torch.Tensor]]) -> None:
+def train_chained(
+    parts: Sequence[Part], data: Sequence[dict[str, torch.Tensor]], window: int = WINDOW
+) -> None:
     """One AdamW over every trainable tensor, mean loss per window, one step per window."""
     optimizer = adamw(partition_parameters(*parts))
-    for start in range(0, len(data), WINDOW):
-        chunk = data[start : start + WINDOW]
+    for start in range(0, len(data), window):
+        chunk = data[start : start + window]
         for batch in chunk:
             (chain_loss(parts, batch) / len(chunk)).backward()
         optimizer.step()
