@@ -30,6 +30,7 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 # task name -> "module:function" taking (cfg: Config) and returning an exit code.
 TASKS: dict[str, str] = {
+    "finetune": "splitlab.launch.train:run_finetune",
     "infer": "splitlab.launch.ring:run_infer",
     "calibrate": "splitlab.analysis.calibrate:run_calibrate",
     "analyze": "splitlab.analysis.report:run_analyze",

@@ -20,7 +20,7 @@ import json
 import struct
 import types
 import typing
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
 from typing import Any, ClassVar, Self
 
@@ -216,6 +216,7 @@ class Update(Message):
     num_samples: int
     partition: str  # e.g. "owner" or "body"
     weights: bytes = b""
+    metrics: dict[str, Any] = field(default_factory=dict)  # e.g. held-out loss/accuracy, bytes
 
     def dedup_key(self) -> tuple[Any, ...]:
         return (self.session_id, self.round_id, self.KIND, self.sender, self.partition)

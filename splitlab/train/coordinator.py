@@ -2,7 +2,9 @@
 
 Coordinator, per round (rounds start at 0, or one past the last checkpoint with `resume`):
 
-    START   -> every node: round id, first window id, windows in the round
+    START   -> every node: round id, first window id, windows in the round, and the session's
+               data-plane key (generated here; nodes build their TCP transport from the first
+               START, so hand-started processes on other hosts need no secret in their env)
     (owners and workers run the windows among themselves)
     UPDATE  <- every node: its partition ("owner" or "body") as safetensors bytes + samples
     FedAvg owner and body partitions separately by processed samples (`splitlab.train.rounds`)
@@ -20,6 +22,7 @@ last completed round. Model updates are safetensors bytes, never pickle.
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -68,10 +71,13 @@ class Coordinator:
         checkpoint_dir: Path | None = None,
         timeout_s: float = 120.0,
         dense_view: DenseView | None = None,
+        data_key_hex: str | None = None,
     ) -> None:
         """`dense_view` turns the averaged updates into the checkpoint's dense state under the
         original keys (LoRA adapters need the base: see `splitlab.train.process`); None = as is.
+        `data_key_hex` is the data plane's HMAC key sent in every START; None = a fresh one.
         """
+        self.data_key_hex = data_key_hex or secrets.token_hex(32)
         self.control = control
         self.dense_view = dense_view or dict
         self.owners, self.workers = list(owners), list(workers)
@@ -79,6 +85,7 @@ class Coordinator:
         self.checkpoint_dir = checkpoint_dir
         self.timeout_s = timeout_s
         self.history: list[dict[str, int]] = []  # per round: node -> FedAvg weight
+        self.metrics: list[dict[str, Any]] = []  # per round and node: UPDATE metrics + samples
 
     @property
     def nodes(self) -> list[str]:
@@ -100,6 +107,7 @@ class Coordinator:
             if checkpoint is not None:
                 start, initial = checkpoint.round_id + 1, checkpoint
         for round_id in range(start, rounds):
+            began = time.monotonic()
             plan: dict[str, Any] = {
                 "first_window": round_id * self.num_windows,
                 "num_windows": self.num_windows,
@@ -107,7 +115,7 @@ class Coordinator:
             }
             start_msg = Start(
                 session_id=ctl.session, sender=ctl.node_id, round_id=round_id, plan=plan,
-                data_key_hex="", roster=[{"node": n} for n in self.nodes],
+                data_key_hex=self.data_key_hex, roster=[{"node": n} for n in self.nodes],
             )  # fmt: skip
             ctl.send_all(self.nodes, start_msg)
             if initial is not None:
@@ -122,14 +130,31 @@ class Coordinator:
                     self.checkpoint_dir, round_id=round_id, state=dense, rng=capture_rng()
                 )
             self._send_merged(round_id, merged, {u.node: set(u.state) for u in updates}, MERGED)
-            log.info("round %d averaged: %s", round_id, self.history[-1])
+            log.info("%s", self._round_line(round_id, rounds, updates, time.monotonic() - began))
         ctl.send_all(self.nodes, Stop(session_id=ctl.session, sender=ctl.node_id, reason="done"))
+
+    def _round_line(
+        self, round_id: int, rounds: int, updates: list[NodeUpdate], seconds: float
+    ) -> str:
+        """One progress line: the owners' held-out metrics, sample-weighted."""
+        rows = [m for m in self.metrics if m["round"] == round_id and m["node"] in self.owners]
+        samples = sum(u.num_samples for u in updates if u.node in self.owners)
+        line = f"round {round_id + 1}/{rounds} done in {seconds:.1f} s: {samples} samples"
+        for name in ("train_loss", "loss", "accuracy", "perplexity"):
+            pairs = [(r[name], r.get("samples") or 1) for r in rows if r.get(name) is not None]
+            if pairs:
+                mean = sum(v * w for v, w in pairs) / sum(w for _, w in pairs)
+                line += f", {'val_' if name != 'train_loss' else ''}{name} {mean:.4f}"
+        return line
 
     def _collect_updates(self, round_id: int) -> list[NodeUpdate]:
         got = self.control.collect(Kind.UPDATE, self.nodes, self.timeout_s)
         updates = []
         for node, msg in got.items():
             assert isinstance(msg, Update)
+            self.metrics.append(
+                {"round": round_id, "node": node, "samples": msg.num_samples, **msg.metrics}
+            )
             if msg.round_id != round_id:
                 raise ProtocolError(
                     f"UPDATE from {node!r} is for round {msg.round_id}, not {round_id}"
@@ -208,10 +233,12 @@ def send_update(
     partition: str,
     state: Mapping[str, torch.Tensor],
     num_samples: int,
+    metrics: Mapping[str, Any] | None = None,
 ) -> None:
     msg = Update(
         session_id=control.session, sender=control.node_id, round_id=round_id,
         num_samples=num_samples, partition=partition, weights=encode_state(state),
+        metrics=dict(metrics or {}),
     )  # fmt: skip
     control.send(coordinator, msg)
 

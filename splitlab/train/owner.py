@@ -82,6 +82,7 @@ class OwnerScheduler:
         self.weights, self.settings = weights, settings
         self.wrr = SmoothWRR(weights.weights())
         self.emit: Emit = emit or (lambda kind, **fields: None)
+        self.peak_live = 0  # most front graphs kept at once (reset by the caller)
 
     def run_window(self, window_id: int, batches: Sequence[Batch]) -> list[float]:
         """One window; returns this owner's microbatch losses. Aborts the group on failure."""
@@ -178,6 +179,7 @@ class OwnerScheduler:
                 ledger.admit(microbatch, worker)
                 batch = batches[microbatch]
                 hidden = self.node.front_forward(microbatch, batch)
+                self.peak_live = max(self.peak_live, self.node.live)
                 tensors = {**hidden, PAD_MASK: batch[ATTENTION_MASK]}
                 transport.send(
                     worker, Lane.ACTIVATION, BODY_FORWARD, tensors,

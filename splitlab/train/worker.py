@@ -71,6 +71,7 @@ class WorkerScheduler:
         self.credit, self.worker_max_inflight = credit, worker_max_inflight
         self.settings = settings
         self.emit: Emit = emit or (lambda kind, **fields: None)
+        self.peak_live = 0  # most body graphs kept at once (reset by the caller)
 
     def run_window(self, window_id: int) -> int:
         """One window; returns the microbatches this worker ran. Aborts the group on failure."""
@@ -184,6 +185,7 @@ class WorkerScheduler:
                 done += 1
             else:
                 out = self.node.body_forward(key, tensors, tensors[PAD_MASK])
+                self.peak_live = max(self.peak_live, self.node.live)
                 transport.send(
                     owner, Lane.ACTIVATION, TAIL_FORWARD, out,
                     routing=routing(microbatch), timeout_s=timeout_s,

@@ -1,0 +1,170 @@
+"""task=finetune end to end: real processes, real data pipeline, loopback TCP, embedded bus or
+RabbitMQ; the run folder; a worker SIGKILLed mid-window and the resume after it.
+
+    .venv/bin/pytest tests/integration/test_finetune_task.py -q
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from splitlab.cli import compose_config, load_resolved_config
+from splitlab.control.embedded import EmbeddedBusServer
+from splitlab.errors import ExitCode
+from splitlab.launch.train import child_specs, node_specs, run_finetune
+from splitlab.models.load import load_model
+from splitlab.train.checkpoint import completed_rounds, latest_checkpoint
+
+TINY = [
+    "model=tiny_bert",
+    "data.samples_per_owner=16",
+    "data.val_samples=16",
+    "finetune.batch_size=4",
+    "task.rounds=2",
+]
+
+
+def config(tmp_path: Path, *overrides: str):
+    cfg = compose_config([*TINY, *overrides])
+    cfg.run_dir = str(tmp_path / "run")
+    return cfg
+
+
+def assert_merged_loads_strictly(cfg, run_dir: Path, rounds: int) -> None:
+    checkpoint = latest_checkpoint(run_dir / "checkpoints")
+    assert checkpoint is not None and checkpoint.round_id == rounds - 1
+    model, _ = load_model(cfg.model, load_tokenizer=False)
+    model.load_state_dict(checkpoint.state, strict=True)  # original keys, nothing missing
+    for value in checkpoint.state.values():
+        assert torch.isfinite(value).all()
+
+
+@pytest.mark.slow
+def test_default_shape_writes_the_run_folder(tmp_path: Path) -> None:
+    cfg = config(tmp_path)
+
+    code = run_finetune(cfg)
+
+    run_dir = Path(cfg.run_dir)
+    assert code == 0
+    rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
+    assert [(r["round"], r["owner"]) for r in rows] == [
+        ("0", "owner0"), ("0", "owner1"), ("1", "owner0"), ("1", "owner1"),
+    ]  # fmt: skip
+    assert all(float(r["accuracy"]) >= 0 and int(r["samples"]) == 16 for r in rows)
+    assert all(int(r["bytes"]) > 0 for r in rows)
+    assert (run_dir / "training_rounds.png").stat().st_size > 0
+    assert load_resolved_config(run_dir / "config.yaml").architecture.owners == 2
+    traces = sorted(p.name for p in (run_dir / "traces").glob("*.jsonl"))
+    assert traces == ["owner-0.jsonl", "owner-1.jsonl", "worker-0.jsonl"]
+    peaks = [
+        json.loads(line)
+        for line in (run_dir / "traces" / "worker-0.jsonl").read_text().splitlines()
+        if '"live_graphs"' in line
+    ]
+    assert len(peaks) == 2 and all(1 <= p["peak"] <= 8 for p in peaks)
+    assert_merged_loads_strictly(cfg, run_dir, rounds=2)
+
+
+@pytest.mark.slow
+def test_four_owners_two_workers_embedded(tmp_path: Path) -> None:
+    cfg = config(tmp_path, "architecture.owners=4", "architecture.workers=2")
+
+    code = run_finetune(cfg)
+
+    assert code == 0
+    rows = list(csv.DictReader((Path(cfg.run_dir) / "metrics.csv").open()))
+    assert len(rows) == 8
+    assert_merged_loads_strictly(cfg, Path(cfg.run_dir), rounds=2)
+
+
+@pytest.mark.slow
+@pytest.mark.rabbitmq
+def test_four_owners_two_workers_rabbitmq(tmp_path: Path) -> None:
+    cfg = config(
+        tmp_path, "architecture.owners=4", "architecture.workers=2",
+        "control=rabbitmq", "transport=rabbitmq",
+    )  # fmt: skip
+
+    code = run_finetune(cfg)
+
+    assert code == 0
+    rows = list(csv.DictReader((Path(cfg.run_dir) / "metrics.csv").open()))
+    assert len(rows) == 8
+    assert_merged_loads_strictly(cfg, Path(cfg.run_dir), rounds=2)
+
+
+def _opens(trace: Path, after_ts: int) -> int:
+    if not trace.exists():
+        return 0
+    lines = trace.read_text().splitlines()
+    return sum(1 for line in lines if '"open"' in line and json.loads(line)["ts_us"] > after_ts)
+
+
+@pytest.mark.slow
+def test_sigkill_worker_mid_window_then_resume(tmp_path: Path) -> None:
+    cfg = config(
+        tmp_path, "architecture.owners=2", "architecture.workers=2", "task.rounds=3",
+        "task.steps_per_round=48", "architecture.timeout_s=15",
+    )  # fmt: skip
+    run_dir = Path(cfg.run_dir)
+    server = EmbeddedBusServer()
+    env = {**os.environ, **server.start().to_env(), "PYTHONUNBUFFERED": "1"}
+    children = child_specs(node_specs(cfg, session="killtest", run_dir=run_dir), run_dir, {})
+    procs = {
+        c.name: subprocess.Popen(
+            list(c.argv), env=env, stdout=c.log_path.open("w"), stderr=subprocess.STDOUT
+        )
+        for c in children
+    }
+    try:
+        deadline = time.monotonic() + 120
+        while not completed_rounds(run_dir / "checkpoints"):  # round 0 is on disk
+            assert time.monotonic() < deadline, "round 0 never finished"
+            time.sleep(0.05)
+        saved = latest_checkpoint(run_dir / "checkpoints")
+        assert saved is not None
+        after = time.time_ns() // 1000
+        while _opens(run_dir / "traces" / "worker-1.jsonl", after) < 1:  # inside a window
+            assert time.monotonic() < deadline, "round 1 never opened a window"
+            time.sleep(0.01)
+
+        os.kill(procs["worker1"].pid, signal.SIGKILL)
+
+        killed_at = time.monotonic()
+        codes = {n: p.wait(timeout=60) for n, p in procs.items() if n != "worker1"}
+        waited_s = time.monotonic() - killed_at
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        server.close()
+
+    assert all(code != 0 for code in codes.values()), codes
+    assert waited_s < 15 + 10
+    for name in codes:
+        text = (run_dir / "logs" / f"{name}.log").read_text()
+        assert "worker1" in text, f"{name} does not name the dead worker:\n{text[-2000:]}"
+    after_kill = latest_checkpoint(run_dir / "checkpoints")
+    assert after_kill is not None and after_kill.round_id == saved.round_id  # intact, not torn
+    assert after_kill.state.keys() == saved.state.keys()
+
+    resumed = config(
+        tmp_path, "architecture.owners=2", "architecture.workers=2", "task.rounds=3",
+        "task.steps_per_round=48", "task.resume=true",
+    )  # fmt: skip
+    assert run_finetune(resumed) == 0
+    assert completed_rounds(run_dir / "checkpoints")[-1] == 2
+    rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
+    assert {r["round"] for r in rows} >= {"1", "2"}
+    assert ExitCode.OK == 0
