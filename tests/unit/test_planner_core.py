@@ -58,26 +58,37 @@ def test_stage_model_separates_fixed_cost_and_applies_the_slowdown() -> None:
     assert rate == pytest.approx((0.5 + 1.0) * 2.0)
 
 
-def test_best_cuts_equalises_predicted_stage_times() -> None:
-    models = [(0.0, 1.0), (0.0, 2.0), (0.0, 1.0)]
+def test_best_cuts_minimises_predicted_tpot() -> None:
+    """One sequence in flight: TPOT is the sum of stage times, so blocks leave the slow stage
+    down to one; equally fast stages share the rest evenly (ties go to the smaller max)."""
+    models = [(0.0, 1.0), (0.0, 3.0), (0.0, 1.0)]
     cuts = best_cuts(models, 30, start=(10, 20))
-    times = predict(cuts, models, 30)
-    assert max(times) - min(times) <= 2.0
-    assert cuts == (12, 18)
+    assert cuts == (14, 15)
+    assert sum(predict(cuts, models, 30)) == pytest.approx(32.0)  # min-max would stop at 38
+    assert sum(predict((13, 17), models, 30)) == pytest.approx(38.0)
+
+
+def test_best_cuts_balances_the_max_when_every_block_costs_the_same() -> None:
+    models = [(2.0, 1.0), (0.0, 1.0), (3.0, 1.0)]
+    # the sum is the same for every cut set: the tie goes to the smallest max (12, 12, 12)
+    assert best_cuts(models, 30, start=(10, 20)) == (9, 21)
 
 
 def test_adaptive_moves_one_block_per_window_off_the_slow_stage() -> None:
-    planner = Adaptive(hysteresis=0.1)
+    planner = Adaptive(hysteresis=0.05)
     cuts = (10, 20)
-    seen = []
-    for _ in range(10):
+    seen, tpot = [], []
+    for _ in range(14):
         n = [cuts[0], cuts[1] - cuts[0], 30 - cuts[1]]
-        stats = [_stats(0, n[0]), _stats(1, n[1], phi=2.0), _stats(2, n[2])]
+        stats = [_stats(0, n[0]), _stats(1, n[1], phi=3.0), _stats(2, n[2])]
+        tpot.append(n[0] + 3 * n[1] + n[2])
         d = planner.decide(_view(cuts, stats))
         assert sum(abs(a - b) for a, b in zip(d.cuts, cuts, strict=True)) <= 1
         seen.append(d.cuts)
         cuts = d.cuts
-    assert cuts[1] - cuts[0] < 10  # blocks left the slow stage
+    assert cuts[1] - cuts[0] < 4  # past min-max's 13/4/13: the sum is what one token pays
+    assert all(b <= a for a, b in zip(tpot, tpot[1:], strict=False))  # never a step back
+    assert tpot[-1] < 0.7 * tpot[0]
     assert seen[-1] == seen[-2]  # settled, no oscillation
 
 
