@@ -15,7 +15,9 @@ Stage (`StageControl`): waits for PROPOSE or CLOSE, pre-stages (`Migrator.presta
 ACK with its drift observation and window statistics (or NACK), applies only on COMMIT{e}.
 
 Telemetry: one `window` record per barrier per stage (epoch, barrier_ms, prestage_ms,
-commit_ms, release_ms, n_acks, aborted, decision, obs, cuts, token) and one `migration` record
+commit_ms, release_ms, n_acks, aborted, decision, obs, cuts, token; a stage adds ack_ms,
+PROPOSE read -> its answer sent, and reply_wait_ms, answer sent -> COMMIT/ABORT read; the head
+adds answer_ms, PROPOSE sent -> each stage's answer read) and one `migration` record
 per move a stage takes part in (boundary, k, role, weights_ms, kv_ms, commit_ms, pause_ms,
 kv_bytes, kv_bytes_per_block_token, release_ms). Release (gc, empty_cache) runs after the
 stage's next send, while it would otherwise wait on the ring, and is reported on its own.
@@ -25,6 +27,7 @@ stage's next send, while it would otherwise wait on the ring, and is reported on
 
 from __future__ import annotations
 
+import gc
 import logging
 import statistics
 import time
@@ -80,6 +83,31 @@ class WindowStats:
         self.compute_ms.clear()
         self.real_ms.clear()
         self.blocks_ms.clear()
+
+
+class GcClock:
+    """Milliseconds this process spent in the cyclic garbage collector (via gc.callbacks).
+
+    A full collection walks every tracked object (a loaded model: hundreds of thousands), so
+    one landing inside a barrier shows up as milliseconds of "protocol" time.
+    """
+
+    total_ms = 0.0
+    _t0 = 0.0
+    _installed = False
+
+    @classmethod
+    def install(cls) -> None:
+        if not cls._installed:
+            gc.callbacks.append(cls._tick)
+            cls._installed = True
+
+    @classmethod
+    def _tick(cls, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            cls._t0 = time.perf_counter()
+        else:
+            cls.total_ms += (time.perf_counter() - cls._t0) * 1e3
 
 
 def observe(drift: DriftSource | None, token: int) -> dict[str, float] | None:
@@ -148,6 +176,7 @@ class StageControl:
         self.fault = fault  # testing only: "nack" refuses every epoch, "hang" stalls in pre-stage
         self.state = StageBarrier(stage)
         self.deferred = _Deferred(self.tracer, migrator)
+        GcClock.install()
 
     def barrier(self, *, step: int, pos: int, stats: WindowStats) -> bool:
         """Run one barrier; False when the head closed instead (generation is ending)."""
@@ -157,7 +186,7 @@ class StageControl:
             return False
         if not isinstance(msg, Propose):
             raise ProtocolError(f"stage {self.stage}: expected PROPOSE or CLOSE, got {msg.kind!r}")
-        t0 = time.perf_counter()
+        t0, gc0 = time.perf_counter(), GcClock.total_ms
         wait_ms = (t0 - t_wait) * 1e3
         if msg.token != step:
             raise ProtocolError(f"stage {self.stage}: PROPOSE at token {msg.token}, this stage is at {step}")  # fmt: skip
@@ -179,6 +208,7 @@ class StageControl:
             answer = Nack(epoch=msg.epoch, stage=self.stage, reason=prestage_error(self.stage, exc))
         prestage_ms = (time.perf_counter() - t0) * 1e3
         self.ctrl.send(self.state.answered(answer))
+        t_acked = time.perf_counter()
         while True:
             try:
                 reply = self.ctrl.recv(timeout_s=self.timeout_s)
@@ -190,6 +220,7 @@ class StageControl:
                 self.ctrl.send(answer)
             elif action in (StageAction.APPLY, StageAction.DROP):
                 break
+        reply_wait_ms = (time.perf_counter() - t_acked) * 1e3  # the head's round trip + other ACKs
         commit_ms, aborted = 0.0, action is StageAction.DROP
         if aborted:
             self.migrator.abort()
@@ -197,6 +228,8 @@ class StageControl:
             commit_ms = self.migrator.commit()
         record = {"epoch": msg.epoch, "token": step, "barrier_ms": (time.perf_counter() - t0) * 1e3,
                   "wait_ms": wait_ms, "prestage_ms": prestage_ms, "commit_ms": commit_ms,
+                  "ack_ms": (t_acked - t0) * 1e3, "reply_wait_ms": reply_wait_ms,
+                  "gc_ms": GcClock.total_ms - gc0,
                   "n_acks": None, "aborted": aborted, "decision": propose.decision, "obs": obs,
                   "cuts": list(self.migrator.cuts), "nack": isinstance(answer, Nack)}  # fmt: skip
         records = [("window", record)]
@@ -285,6 +318,7 @@ class HeadControl:
         prestage_ms = (time.perf_counter() - t1) * 1e3
         verdict = self.state.on_answer(own)
         answers: dict[int, Ack | Nack] = {0: own}
+        answer_ms: dict[str, float] = {}  # per stage: PROPOSE sent -> its answer read
         deadline = time.monotonic() + self.timeout_s
         for stage, ctrl in self.ctrls.items():
             while stage not in answers:
@@ -300,6 +334,7 @@ class HeadControl:
                     )
                 if msg.epoch == epoch:
                     answers[stage] = msg
+                    answer_ms[str(stage)] = (time.perf_counter() - t0) * 1e3
                     verdict = self.state.on_answer(msg) or verdict
         commit_ms = 0.0
         if isinstance(verdict, Commit):
@@ -319,6 +354,7 @@ class HeadControl:
         n_acks = sum(isinstance(a, Ack) for a in answers.values())
         record = {"epoch": epoch, "token": step, "barrier_ms": barrier_ms, "prestage_ms": prestage_ms,
                   "commit_ms": commit_ms, "n_acks": n_acks, "aborted": aborted,
+                  "answer_ms": answer_ms,
                   "decision": decision.reason + (f"; aborted: {verdict.reason}" if aborted else ""),
                   "obs": {str(s): a.obs for s, a in answers.items() if isinstance(a, Ack)},
                   "stats": {str(s): a.stats for s, a in answers.items() if isinstance(a, Ack)},
