@@ -209,6 +209,34 @@ def summarize(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def evaluate_checkpoint(cfg: Config, run_dir: Path) -> dict[str, Any] | None:
+    """The last merged checkpoint on the held-out split, unsplit, in this process."""
+    import torch
+
+    from splitlab.data.owners import build_owner_datasets
+    from splitlab.models.load import load_model
+    from splitlab.models.parts import build_parts
+    from splitlab.models.plan import u_shape_plan
+    from splitlab.train.checkpoint import latest_checkpoint
+    from splitlab.train.validate import evaluate, part_chain
+
+    checkpoint = latest_checkpoint(checkpoint_dir(cfg, run_dir))
+    if checkpoint is None:
+        return None
+    torch.manual_seed(cfg.task.seed)
+    model, tokenizer = load_model(cfg.model)
+    model.load_state_dict(checkpoint.state, strict=True)
+    plan = u_shape_plan(num_layers=cfg.model.num_layers, cut_layers=cfg.architecture.cut_layers,
+                        tail_blocks=cfg.architecture.tail_blocks)  # fmt: skip
+    parts = build_parts(model, plan)
+    _, val = build_owner_datasets(
+        cfg.data, tokenizer, num_owners=cfg.architecture.owners, round_index=checkpoint.round_id
+    )
+    batches = val.batches(cfg.finetune.batch_size, seed=0)
+    metrics = evaluate(part_chain(parts), parts[-1].adapter, batches)
+    return {"round": checkpoint.round_id, **metrics.to_dict()}
+
+
 def run_finetune(cfg: Config) -> int:
     """The `task=finetune` runner: every node as a local process; returns the exit code."""
     _check(cfg)
@@ -250,7 +278,15 @@ def run_finetune(cfg: Config) -> int:
         log.error("every node exited 0 but no owner traced a round")
         return int(ExitCode.ERROR)
     for line in summarize(rows):
-        log.info("%s", line)
+        log.info("owners before FedAvg, %s", line)
+    if cfg.task.validate and cfg.task.save_checkpoint:
+        final = evaluate_checkpoint(cfg, run_dir)
+        if final is not None:
+            (run_dir / "final_metrics.json").write_text(json.dumps(final, indent=1))
+            log.info(
+                "merged model after round %d on the held-out split: loss %.4f, accuracy %s",
+                final["round"], final["val_loss"], final["val_accuracy"],
+            )  # fmt: skip
     where = checkpoint_dir(cfg, run_dir)
     log.info(
         "done in %.1f s: config %s, metrics %s, plot %s, traces %s, checkpoints %s",

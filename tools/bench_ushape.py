@@ -1,0 +1,146 @@
+"""U-shape training throughput: the unsplit model in one process vs 1 owner x 1 worker over TCP
+vs the same over the RabbitMQ tensor transport; same data, batch size and steps, one run.
+
+(a) unsplit: the whole model, one process, AdamW over the same trainable tensors (LoRA by
+    default, as the main job), on the owner's microbatches;
+(b) U-shape over TCP: `splitlab.launch.train` nodes (coordinator, owner, worker), one round,
+    no validation, no checkpoint; samples/s from the owner's trace (first PLAN to last step,
+    so process start-up and model loading are left out);
+(c) the same with `transport=rabbitmq` (control stays on the embedded bus).
+Repetitions alternate (a), (b), (c) so machine noise hits all three; medians are reported.
+
+    python tools/bench_ushape.py --quick --out /tmp/bench_ushape.json
+    python tools/bench_ushape.py --steps 32 --reps 3 --out outputs/bench_ushape.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from splitlab.cli import compose_config
+from splitlab.config.enums import FinetuneMethod
+from splitlab.launch.train import run_finetune
+from splitlab.models.load import load_model
+from splitlab.models.parts import build_parts, group
+from splitlab.models.plan import u_shape_plan
+from splitlab.telemetry.bench import BenchReport, bench_arg_parser, median
+from splitlab.train.feed import OwnerFeed
+from splitlab.train.lora import apply_lora
+from splitlab.train.nodes import partition_parameters
+
+
+def overrides(args, transport: str) -> list[str]:
+    return [
+        f"model={args.model}", "architecture.owners=1", "architecture.workers=1",
+        f"architecture.microbatches_per_window={args.window}", f"transport={transport}",
+        "task.rounds=1", f"task.steps_per_round={args.steps}", "task.validate=false",
+        "task.save_checkpoint=false", f"finetune.batch_size={args.batch_size}",
+        "architecture.adaptive_weights=false", *args.override,
+    ]  # fmt: skip
+
+
+def unsplit_samples_per_s(args) -> float:
+    """(a): the same parts, the same trainable tensors, one process, no wire."""
+    cfg = compose_config(overrides(args, "tcp"))
+    torch.manual_seed(cfg.task.seed)
+    model, tokenizer = load_model(cfg.model)
+    arch = cfg.architecture
+    plan = u_shape_plan(num_layers=cfg.model.num_layers, cut_layers=arch.cut_layers,
+                        tail_blocks=arch.tail_blocks)  # fmt: skip
+    parts = build_parts(model, plan)
+    if cfg.finetune.method is FinetuneMethod.lora:
+        apply_lora(parts, cfg.finetune.lora)
+    whole = group(parts)
+    whole.train()
+    feed = OwnerFeed(cfg.data, tokenizer, owner_index=0, num_owners=1,
+                     batch_size=cfg.finetune.batch_size, steps_per_round=args.steps,
+                     seed=cfg.task.seed)  # fmt: skip
+    batches = feed.round_batches(0)
+    optimizer = torch.optim.AdamW(partition_parameters(whole), lr=cfg.finetune.lr)
+    front, body, tail = parts
+    from splitlab.models.families import INPUT_IDS, PAD_MASK
+    from splitlab.models.tokens import positions_from_pad_mask
+
+    began = time.perf_counter()
+    for step, batch in enumerate(batches):
+        pad = batch[PAD_MASK]
+        pos = positions_from_pad_mask(pad)
+        hidden = body(front(batch[INPUT_IDS], pad, pos), pad, pos)
+        logits = tail(hidden, pad, pos)
+        loss = tail.adapter.loss(logits, tail.adapter.labels(batch)) / args.window
+        loss.backward()
+        if (step + 1) % args.window == 0 or step + 1 == len(batches):
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    seconds = time.perf_counter() - began
+    return sum(int(b[PAD_MASK].shape[0]) for b in batches) / seconds
+
+
+def split_samples_per_s(args, transport: str) -> tuple[float, dict]:
+    """(b)/(c): a real 1 x 1 run; samples/s between the owner's first PLAN and last step."""
+    cfg = compose_config(overrides(args, transport))
+    cfg.run_dir = tempfile.mkdtemp(prefix=f"bench_ushape-{transport}-")
+    code = run_finetune(cfg)
+    if code != 0:
+        raise SystemExit(f"U-shape over {transport} failed with exit code {code}")
+    records = [json.loads(line) for line in (Path(cfg.run_dir) / "traces" / "owner-0.jsonl").open()]
+    plans = [r["ts_us"] for r in records if r["kind"] == "plan"]
+    steps = [r["ts_us"] for r in records if r["kind"] == "step"]
+    samples = next(r["samples"] for r in records if r["kind"] == "round")
+    seconds = (max(steps) - min(plans)) / 1e6
+    transport_rec = next((r for r in records if r["kind"] == "transport"), {})
+    profile = {
+        "seconds": seconds,
+        "samples": samples,
+        "bytes": next(r["bytes"] for r in records if r["kind"] == "round"),
+        "copy_ms": {k: v for k, v in transport_rec.items() if k.endswith("_ms")},
+    }
+    return samples / seconds, profile
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = bench_arg_parser(__doc__.split("\n")[0])
+    p.add_argument("--model", default="minilm")
+    p.add_argument("--steps", type=int, default=32, help="microbatches per repetition")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--window", type=int, default=8, help="microbatches per window")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--override", action="append", default=[], help="extra config override")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.steps, args.reps = 8, 1
+    report = BenchReport(bench="ushape", config={
+        "model": args.model, "steps": args.steps, "batch_size": args.batch_size,
+        "window": args.window, "reps": args.reps, "overrides": args.override,
+    })  # fmt: skip
+    runs: dict[str, list[float]] = {"unsplit": [], "tcp": [], "rabbitmq": []}
+    for rep in range(args.reps):
+        runs["unsplit"].append(unsplit_samples_per_s(args))
+        for transport in ("tcp", "rabbitmq"):
+            rate, profile = split_samples_per_s(args, transport)
+            runs[transport].append(rate)
+            report.add_result(rep=rep, transport=transport, samples_per_s=rate, **profile)
+        report.add_result(rep=rep, unsplit_samples_per_s=runs["unsplit"][-1])
+        print(f"rep {rep}: " + ", ".join(f"{k} {v[-1]:.2f} samples/s" for k, v in runs.items()),
+              file=sys.stderr)  # fmt: skip
+    medians = {f"{k}_samples_per_s": median(v) for k, v in runs.items()}
+    report.add_result(**medians)
+    tcp_over_unsplit = medians["tcp_samples_per_s"] / medians["unsplit_samples_per_s"]
+    tcp_over_amqp = medians["tcp_samples_per_s"] / medians["rabbitmq_samples_per_s"]
+    report.add_ratio("tcp_over_unsplit", tcp_over_unsplit)
+    report.add_ratio("tcp_over_rabbitmq", tcp_over_amqp)
+    report.add_target("tcp_over_unsplit", tcp_over_unsplit, 1.0, ">=")
+    report.add_target("tcp_over_rabbitmq", tcp_over_amqp, 3.0, ">=")
+    report.write(args.out)
+    print(json.dumps(medians, indent=1), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
