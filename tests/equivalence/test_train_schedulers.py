@@ -88,10 +88,7 @@ class Group:
         session = f"t{uuid.uuid4().hex[:10]}"
         server = EmbeddedBusServer()
         address = server.start()
-        hub = InProcHub()
-        transports = {
-            n: InProcTransport(n, hub, session=session) for n in [*self.owners, *self.workers]
-        }
+        transports = self._transports(session)
         schedule = round_schedule({o: len(b) for o, b in self.data.items()}, self.quota)
         credit = effective_credit(
             max_inflight=SETTINGS.max_inflight, worker_max_inflight=8, num_owners=len(self.owners)
