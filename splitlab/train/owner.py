@@ -20,8 +20,10 @@ Any failure sends ABORT to every worker with the cause before it propagates.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+import torch
 
 from splitlab.config.enums import Objective
 from splitlab.control.endpoint import ControlEndpoint
@@ -48,6 +50,11 @@ from splitlab.train.window import InflightLedger, next_dispatch, planned_counts
 from splitlab.train.wrr import AdaptiveWeights, SmoothWRR
 from splitlab.wire.base import Message, Priority, Transport
 from splitlab.wire.frame import Lane, Routing
+
+
+def payload_bytes(tensors: Mapping[str, torch.Tensor]) -> int:
+    """Tensor bytes a frame carries (its JSON header aside)."""
+    return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,8 @@ class OwnerScheduler:
         plan = Plan(session_id=ctl.session, sender=me, window_id=window_id, counts_by_worker=counts)
         ctl.send_all(self.workers, plan)
         self.emit("plan", window=window_id, owner=me, counts_by_worker=counts)
+        for worker, count in counts.items():  # the analysis contract's per-worker allocation
+            self.emit("wrr", window=window_id, owner=me, worker=worker, count=count)
         opens: dict[str, Open] = ctl.collect(Kind.OPEN, self.workers, timeout_s)  # type: ignore[assignment]
         totals = {msg.group_total for msg in opens.values()}
         if len(totals) != 1:
@@ -152,6 +161,8 @@ class OwnerScheduler:
             self.emit(
                 "backward", window=window_id, microbatch=microbatch, owner=me, worker=msg.peer
             )
+            self.emit("microbatch", window=window_id, microbatch=microbatch, owner=me,
+                      worker=msg.peer, lane="gradient", bytes=payload_bytes(grad))  # fmt: skip
 
         while done < len(batches):
             busy = False
@@ -188,6 +199,8 @@ class OwnerScheduler:
                 self.emit(
                     "forward", window=window_id, microbatch=microbatch, owner=me, worker=worker
                 )
+                self.emit("microbatch", window=window_id, microbatch=microbatch, owner=me,
+                          worker=worker, lane="activation", bytes=payload_bytes(tensors))  # fmt: skip
                 busy = True
             if busy:
                 watchdog.progress()

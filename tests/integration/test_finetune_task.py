@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from splitlab.analysis.report import analyze_run
 from splitlab.cli import compose_config, load_resolved_config
 from splitlab.control.embedded import EmbeddedBusServer
 from splitlab.errors import ExitCode
@@ -73,6 +74,12 @@ def test_default_shape_writes_the_run_folder(tmp_path: Path) -> None:
     ]
     assert len(peaks) == 2 and all(1 <= p["peak"] <= 8 for p in peaks)
     assert_merged_loads_strictly(cfg, run_dir, rounds=2)
+    # task=analyze on this real run draws every training figure, each holding data
+    report = analyze_run(run_dir)
+    training = {"training_rounds", "wrr", "bytes_per_microbatch", "transport"}
+    assert training <= set(report.figures), report.skipped
+    assert all(report.figures[name].stat().st_size > 0 for name in training)
+    assert "<img" in report.path.read_text(encoding="utf-8")
 
 
 @pytest.mark.slow
