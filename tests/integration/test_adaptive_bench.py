@@ -1,7 +1,7 @@
 """Adaptive moves blocks off one slow stage (phi = 3), same trace and seed, same tokens.
 
 Runs tools/bench_adaptive.py on the 3-stage SmolLM2 ring over TCP (two alternating
-repetitions per arm). The slow stage's sleep costs no CPU, so the margin survives a busy host.
+repetitions per arm); the TPOT comparison itself is the benchmark's, not this test's.
 
 .venv/bin/pytest tests/integration/test_adaptive_bench.py -q -m "assets and slow"
 """
