@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import random
 import secrets
 import socket
@@ -103,6 +104,17 @@ def stage_argv(layout: RingLayout, stage: int, *, run_dir: str | None,
     return argv
 
 
+def stage_env() -> dict[str, str]:
+    """Environment for stage processes: OpenMP threads sleep instead of spinning when idle.
+
+    Only one stage computes at a time; with the default (active) wait policy the idle stages'
+    threads spin on the same cores and slow the one that works. Measured on 2 cores, SmolLM2,
+    128 tokens: ring/one-process TPOT 1.38 with spinning, 1.07 with PASSIVE. A user's own
+    OMP_WAIT_POLICY wins.
+    """
+    return {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+
+
 def ring_specs(layout: RingLayout, *, run_dir: str | None, key_hex: str,
                head_args: Sequence[str] = ()) -> list[ChildSpec]:  # fmt: skip
     """One `ChildSpec` per stage, tail first (the head starts generating last)."""
@@ -113,7 +125,7 @@ def ring_specs(layout: RingLayout, *, run_dir: str | None, key_hex: str,
         ChildSpec(
             name=f"stage-{i}",
             argv=stage_argv(layout, i, run_dir=run_dir, head_args=head_args),
-            env={KEY_ENV: key_hex},
+            env={KEY_ENV: key_hex, **stage_env()},
             log_path=logs / f"stage-{i}.log" if logs else None,
         )  # fmt: skip
         for i in reversed(range(layout.num_stages))
@@ -237,12 +249,11 @@ def spawn_stages(layout: RingLayout, *, run_dir: str | Path, key_hex: str | None
     Checks and fault-injection tools use this to see how each stage exits by itself; `run_ring`
     is the launcher path. Output goes to RUN/logs/stage-<i>.log; returns the Popen objects.
     """
-    import os
     import subprocess
 
     logs = Path(run_dir) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, KEY_ENV: key_hex or new_key_hex(), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, KEY_ENV: key_hex or new_key_hex(), "PYTHONUNBUFFERED": "1", **stage_env()}
     procs = []
     for i in range(layout.num_stages):
         argv = stage_argv(layout, i, run_dir=str(run_dir), head_args=head_args)
