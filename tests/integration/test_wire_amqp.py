@@ -19,14 +19,12 @@ from splitlab.wire.amqp import AmqpTransport, queue_name
 from splitlab.wire.frame import DTYPES, Lane
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ is not a package yet
-from wire_helpers import require_broker  # noqa: E402
 
 pytestmark = pytest.mark.rabbitmq
 
 
 @pytest.fixture
 def pair() -> Iterator[tuple[AmqpTransport, AmqpTransport]]:
-    require_broker()
     session = f"test-{uuid.uuid4().hex[:8]}"
     a = AmqpTransport("a", session=session)
     b = AmqpTransport("b", session=session, queue_frames=4)
@@ -71,7 +69,6 @@ def test_recv_times_out(pair: tuple[AmqpTransport, AmqpTransport]) -> None:
 
 
 def test_close_deletes_own_queues_only() -> None:
-    require_broker()
     session = f"test-{uuid.uuid4().hex[:8]}"
     a = AmqpTransport("a", session=session)
     b = AmqpTransport("b", session=session)
