@@ -25,7 +25,6 @@ Assumptions, and where they break:
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,26 +32,10 @@ import pandas as pd
 
 from splitlab.analysis.fits import Fit, NoFit, fit_link
 from splitlab.analysis.traces import TraceFormatError, select
+from splitlab.wire.endpoint import is_loopback
 
 NOT_A_LINK = "NOT A LINK MEASUREMENT"
 _WILDCARD = {"0.0.0.0", "::", ""}
-
-
-def is_loopback(host: str | None) -> bool:
-    """True for localhost, 127.0.0.0/8 and ::1 (with or without a port or brackets)."""
-    if not host:
-        return False
-    name = host.strip().lower()
-    if name.startswith("["):  # [::1]:5000
-        name = name[1:].split("]", 1)[0]
-    elif name.count(":") == 1:  # 127.0.0.1:5000 or localhost:5000
-        name = name.split(":", 1)[0]
-    if name in ("localhost", "localhost.localdomain", "ip6-localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
 
 
 @dataclass(frozen=True)

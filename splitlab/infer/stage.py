@@ -23,7 +23,6 @@ planner and drift config groups as JSON, e.g.
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import logging
 import sys
@@ -48,17 +47,11 @@ from splitlab.infer.window import HeadControl, StageControl
 from splitlab.models.plan import Span, ring_plan
 from splitlab.telemetry.log import setup_logging
 from splitlab.telemetry.trace import Tracer
+from splitlab.wire.endpoint import is_loopback
 
 log = logging.getLogger("splitlab.infer.stage")
 
 ECHO = "echo"
-
-
-def is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 def resolve_model_folder(ref: str) -> Path:

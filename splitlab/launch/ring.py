@@ -29,6 +29,7 @@ from pathlib import Path
 
 from splitlab.config.enums import ModelSource
 from splitlab.config.schema import Config, ModelConfig, RingConfig
+from splitlab.control.membership import new_session_key_hex
 from splitlab.errors import ConfigError, ExitCode
 from splitlab.infer.link import KEY_ENV
 from splitlab.launch.supervisor import ChildSpec, GroupResult, run_group
@@ -132,10 +133,6 @@ def ring_specs(layout: RingLayout, *, run_dir: str | None, key_hex: str,
     ]
 
 
-def new_key_hex() -> str:
-    return secrets.token_hex(32)
-
-
 def model_ref(model: ModelConfig, run_dir: Path, *, seed: int) -> str:
     """What stages pass to `--model`: a folder every stage can read."""
     source = ModelSource(model.source)
@@ -207,7 +204,7 @@ def run_ring(layout: RingLayout, *, run_dir: str | Path, head_args: Sequence[str
     """Start every stage, wait; returns the group result and the head's result JSON (if any)."""
     run_dir = Path(run_dir)
     result_path = run_dir / "ring_result.json"
-    specs = ring_specs(layout, run_dir=str(run_dir), key_hex=new_key_hex(),
+    specs = ring_specs(layout, run_dir=str(run_dir), key_hex=new_session_key_hex(),
                        head_args=[*head_args, "--result", str(result_path)])  # fmt: skip
     group = run_group(specs, timeout_s=timeout_s)
     result = json.loads(result_path.read_text()) if result_path.is_file() else None
@@ -253,7 +250,12 @@ def spawn_stages(layout: RingLayout, *, run_dir: str | Path, key_hex: str | None
 
     logs = Path(run_dir) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, KEY_ENV: key_hex or new_key_hex(), "PYTHONUNBUFFERED": "1", **stage_env()}
+    env = {
+        **os.environ,
+        KEY_ENV: key_hex or new_session_key_hex(),
+        "PYTHONUNBUFFERED": "1",
+        **stage_env(),
+    }
     procs = []
     for i in range(layout.num_stages):
         argv = stage_argv(layout, i, run_dir=str(run_dir), head_args=head_args)

@@ -22,7 +22,6 @@ last completed round. Model updates are safetensors bytes, never pickle.
 from __future__ import annotations
 
 import logging
-import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -33,6 +32,7 @@ from safetensors.torch import load, save
 from torch import nn
 
 from splitlab.control.endpoint import ControlEndpoint
+from splitlab.control.membership import new_session_key_hex
 from splitlab.control.messages import Abort, Kind, Message, Start, Stop, Update
 from splitlab.errors import AbortedError, ProtocolError, WaitTimeoutError
 from splitlab.train.checkpoint import capture_rng, latest_checkpoint, save_checkpoint, unshared
@@ -77,7 +77,7 @@ class Coordinator:
         original keys (LoRA adapters need the base: see `splitlab.train.process`); None = as is.
         `data_key_hex` is the data plane's HMAC key sent in every START; None = a fresh one.
         """
-        self.data_key_hex = data_key_hex or secrets.token_hex(32)
+        self.data_key_hex = data_key_hex or new_session_key_hex()
         self.control = control
         self.dense_view = dense_view or dict
         self.owners, self.workers = list(owners), list(workers)
