@@ -98,6 +98,44 @@ class SendTicket:
 SENT = SendTicket(done=True)  # shared ticket for sends finished before `send` returned
 
 
+class InFlight:
+    """Sends not known to be finished, with their tensors kept alive (and unmodified) until
+    they are, so a caller can go on computing instead of waiting on every ticket.
+
+    `send` (or `add` for a ticket sent elsewhere) surfaces the error of any send that already
+    failed; `wait_all` bounds the rest.
+    """
+
+    def __init__(self, transport: Transport | None = None, *, timeout_s: float = DEFAULT_TIMEOUT_S):
+        self.transport, self.timeout_s = transport, timeout_s
+        self._items: list[tuple[SendTicket, Mapping[str, torch.Tensor]]] = []
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def send(self, peer_id: str, lane: Lane, kind: str, tensors: Mapping[str, torch.Tensor], *,
+             routing: Routing, priority: int = Priority.FORWARD) -> None:  # fmt: skip
+        assert self.transport is not None, "InFlight.send needs the transport"
+        ticket = self.transport.send(peer_id, lane, kind, tensors, routing=routing,
+                                     priority=priority, timeout_s=self.timeout_s)  # fmt: skip
+        self.add(ticket, tensors)
+
+    def add(self, ticket: SendTicket, tensors: Mapping[str, torch.Tensor]) -> None:
+        for done, _ in [item for item in self._items if item[0].done()]:
+            done.wait(0.0)  # re-raises that send's error
+        self._items = [item for item in self._items if not item[0].done()]
+        if not ticket.done():
+            self._items.append((ticket, tensors))
+        else:
+            ticket.wait(0.0)
+
+    def wait_all(self, timeout_s: float | None = None) -> None:
+        """Every send finished, within `timeout_s` each; re-raises the first error."""
+        items, self._items = self._items, []
+        for ticket, _ in items:
+            ticket.wait(self.timeout_s if timeout_s is None else timeout_s)
+
+
 class Transport(ABC):
     """Point-to-point tensor transport between named peers (see module docstring)."""
 

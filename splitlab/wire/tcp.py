@@ -4,9 +4,10 @@ Each process listens once; `connect` opens one socket per lane to a peer and aut
 (auth.py); accepted sockets are authenticated on a helper thread. Sockets run with TCP_NODELAY,
 a receive timeout of `stall_timeout_s` (a peer that stalls mid-frame is dropped) and a send
 timeout per call. Sending (tcp_conn.py): a frame on an idle lane is written from the caller's
-thread with one `sendmsg` of header and tensor views (no copies, no thread hand-off); a busy
-lane queues it by priority (backward before forward) in a bounded queue drained by a sender
-thread. Frames up to `inline_max_bytes` may go inline; `inline_max_bytes=0` always queues, so
+thread with non-blocking `sendmsg` of header and tensor views (no copies; what the socket
+does not take at once goes to the sender thread, so `send` never waits for the peer to read);
+a busy lane queues it by priority (backward before forward) in a bounded queue drained by a
+sender thread. Frames up to `inline_max_bytes` may go inline; `inline_max_bytes=0` always queues, so
 `send` returns at once. Receiving is pulled by the caller: `recv` reads the next frame of a
 lane from a ready socket through its read-ahead buffer into a pooled buffer (tcp_reader.py),
 waiting with `poll` only when nothing is buffered. The lane's own sockets, kernel buffers, send

@@ -1,9 +1,11 @@
 """One authenticated TCP socket to one peer on one lane: its send queue, sender thread and reader.
 
-Sending: a frame on an idle connection is written straight from the caller's thread with one
-blocking `sendmsg` of [prefix+header, tensor views] that waits for socket space up to
-`timeout_s` (SO_SNDTIMEO, like a raw `sendall` with a deadline); whatever is left unsent goes to
-the sender thread ahead of everything else. Frames that find the lane busy, and frames staged
+Sending: a frame on an idle connection is written straight from the caller's thread with
+non-blocking `sendmsg` calls of [prefix+header, tensor views], as much as the socket takes now;
+whatever is left unsent goes to the sender thread ahead of everything else. The caller never
+waits for the peer to read: a 700 KB activation against a 128 KB receive buffer would otherwise
+hold the owner until the worker finished its current body and read the frame (no overlap).
+The sender thread writes with blocking calls bounded by `timeout_s` (SO_SNDTIMEO). Frames that find the lane busy, and frames staged
 from CUDA, go through a priority queue (lowest value first, FIFO within a value; backward
 before forward) bounded at `max_queued` frames: `submit` waits up to `timeout_s` for room, then
 raises WaitTimeoutError. The sender thread starts on first use.
@@ -44,14 +46,15 @@ def timeval(seconds: float) -> bytes:
 
 
 def send_views(
-    sock: socket.socket, views: list[memoryview], *, deadline: float | None = None
+    sock: socket.socket, views: list[memoryview], *, wait: bool = True
 ) -> list[memoryview]:
-    """Blocking `sendmsg` until done, until the socket's send timeout passes with no room, or
-    (after a partial write) past `deadline`; returns what is left unsent, in order."""
+    """`sendmsg` until done or until the socket has no room (at once with `wait=False`, else
+    after its send timeout); returns what is left unsent, in order."""
+    flags = 0 if wait else socket.MSG_DONTWAIT
     while views:
         try:
-            n = sock.sendmsg(views)
-        except BlockingIOError:  # SO_SNDTIMEO passed with no room at all
+            n = sock.sendmsg(views, [], flags)
+        except BlockingIOError:  # no room: now (wait=False) or for SO_SNDTIMEO
             return views
         while n:
             first = views[0]
@@ -61,8 +64,6 @@ def send_views(
             else:
                 views = [first[n:], *views[1:]]
                 n = 0
-        if views and deadline is not None and time.monotonic() >= deadline:
-            return views
     return views
 
 
@@ -112,10 +113,10 @@ class Connection:
                 )
             self._busy = True
         try:
-            if timeout_s != self._send_timeout_s:
+            if timeout_s != self._send_timeout_s:  # what the sender thread waits per call
                 self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval(timeout_s))
                 self._send_timeout_s = timeout_s
-            rest = send_views(self.sock, views, deadline=time.monotonic() + timeout_s)
+            rest = send_views(self.sock, views, wait=False)
         except OSError as exc:
             with self._cond:
                 self._busy = False

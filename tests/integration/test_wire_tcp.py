@@ -85,7 +85,7 @@ def test_full_activation_lane_still_lets_a_gradient_through() -> None:
 def test_backward_overtakes_queued_forward(pair: tuple[TcpTransport, TcpTransport]) -> None:
     a, b = pair
     blocker = torch.zeros(4 << 20)  # 16 MiB: the sender thread stays inside it while b waits
-    # b is not reading: the caller writes what fits for 0.1 s, then the sender thread takes over
+    # b is not reading: the caller writes what fits at once, then the sender thread takes over
     a.send("b", Lane.ACTIVATION, "blocker", {"x": blocker}, timeout_s=0.1)
     a.send("b", Lane.ACTIVATION, "fwd", {"x": torch.ones(1)}, priority=Priority.FORWARD)
     a.send("b", Lane.ACTIVATION, "bwd", {"x": torch.ones(1)}, priority=Priority.BACKWARD)
@@ -94,6 +94,24 @@ def test_backward_overtakes_queued_forward(pair: tuple[TcpTransport, TcpTranspor
         with b.recv(Lane.ACTIVATION, timeout_s=5) as msg:
             kinds.append(msg.kind)
     assert kinds == ["blocker", "bwd", "fwd"]
+
+
+def test_send_hands_what_the_socket_cannot_take_to_the_sender_thread(
+    pair: tuple[TcpTransport, TcpTransport],
+) -> None:
+    a, b = pair
+    big = torch.randn(4 << 20)  # 16 MiB, far above the kernel's buffers
+
+    # One thread sends, then reads: with a send that waited for room (the peer reading), this
+    # would hang until the send timeout; instead the rest goes out from the sender thread.
+    ticket = a.send("b", Lane.ACTIVATION, "big", {"x": big}, timeout_s=600)
+    unfinished = not ticket.done()
+    with b.recv(Lane.ACTIVATION, timeout_s=30) as msg:
+        received = msg.tensors["x"].clone()
+    ticket.wait(30)
+
+    assert unfinished
+    assert torch.equal(received, big)
 
 
 def test_dead_peer_surfaces_as_peer_lost_naming_it(pair: tuple[TcpTransport, TcpTransport]) -> None:
