@@ -6,15 +6,20 @@ over TCP (three stage processes) with one scripted run that makes every combo in
 
 from __future__ import annotations
 
+import gc
 import json
+import weakref
 
 import pytest
 import torch
 
+from splitlab.infer.compute import PartCompute
 from splitlab.infer.planners import ForcedShift
 from splitlab.infer.ring import GenParams
 from splitlab.infer.tiny import local_ring, save_tiny
 from splitlab.launch.ring import RingLayout, pick_base_port, run_ring
+from splitlab.models.plan import Span
+from splitlab.models.shard import load_part, open_checkpoint
 from splitlab.telemetry.trace import Tracer
 
 PROMPT = torch.tensor([[464, 3290, 286, 4881, 318, 257, 1588, 1748]])
@@ -65,6 +70,30 @@ def test_nack_aborts_the_epoch_and_decoding_goes_on(tiny9, noshift) -> None:
     assert result.token_ids == noshift
     assert all(w["aborted"] for w in result.windows)
     assert [c.span.start for c in computes[1:]] == CUTS  # nothing moved
+
+
+def test_release_frees_a_given_away_block_without_a_full_collection(tiny9) -> None:
+    """Release is off the token path but shares the host's cores: no gc walk of the model."""
+    part, _ = load_part(open_checkpoint(tiny9), Span(0, 3, has_embeddings=True, has_head=False))
+    compute = PartCompute(part)
+    compute.forward(PROMPT, 0)
+    block, layer = compute.take_block(2)
+    gone = [weakref.ref(block), weakref.ref(layer.keys)]
+    del block, layer
+    compute.commit(0, 2)  # gives block 2 and its KV away; nothing comes in
+    assert compute.release_pending and all(ref() is not None for ref in gone)
+    collections: list[str] = []
+    record = lambda phase, _info: collections.append(phase)  # noqa: E731
+    gc.callbacks.append(record)
+    gc.disable()  # no automatic collection: only one release itself asks for would show
+    try:
+        compute.release()
+    finally:
+        gc.enable()
+        gc.callbacks.remove(record)
+    assert all(ref() is None for ref in gone)
+    assert collections == [] and not compute.release_pending
+    assert compute.forward(torch.tensor([[5]]), PROMPT.shape[1]).shape[1] == 1
 
 
 @pytest.mark.slow
