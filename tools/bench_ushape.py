@@ -8,6 +8,13 @@ vs the same over the RabbitMQ tensor transport; same data, batch size and steps,
     so process start-up and model loading are left out);
 (c) the same with `transport=rabbitmq` (control stays on the embedded bus).
 Repetitions alternate (a), (b), (c) so machine noise hits all three; medians are reported.
+(a) steps once per `--window` microbatches, like (b) and (c) step once per window.
+
+Each split result carries a profile from the owner's and worker's `window_profile` records:
+milliseconds per microbatch in each phase (front_fwd, tail, front_bwd, body_fwd, body_bwd,
+send, recv, idle, barrier waits, step) and the CPU time the process got (`cpu_ms`), so a
+loaded machine (wall >> cpu) and transport time (send + recv) show apart from compute.
+`--node-env KEY=VALUE` sets the node processes' environment (e.g. OMP_NUM_THREADS=1).
 
     python tools/bench_ushape.py --quick --out /tmp/bench_ushape.json
     python tools/bench_ushape.py --steps 32 --reps 3 --out outputs/bench_ushape.json
@@ -16,6 +23,7 @@ Repetitions alternate (a), (b), (c) so machine noise hits all three; medians are
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 import time
@@ -67,7 +75,8 @@ def unsplit_samples_per_s(args) -> float:
     from splitlab.models.families import INPUT_IDS, PAD_MASK
     from splitlab.models.tokens import positions_from_pad_mask
 
-    began = time.perf_counter()
+    threads = torch.get_num_threads()
+    began, cpu_began = time.perf_counter(), time.process_time()
     for step, batch in enumerate(batches):
         pad = batch[PAD_MASK]
         pos = positions_from_pad_mask(pad)
@@ -78,8 +87,24 @@ def unsplit_samples_per_s(args) -> float:
         if (step + 1) % args.window == 0 or step + 1 == len(batches):
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-    seconds = time.perf_counter() - began
-    return sum(int(b[PAD_MASK].shape[0]) for b in batches) / seconds
+    seconds, cpu_s = time.perf_counter() - began, time.process_time() - cpu_began
+    samples = sum(int(b[PAD_MASK].shape[0]) for b in batches)
+    return samples / seconds, {"threads": threads, "cpu_ms_per_sample": 1e3 * cpu_s / samples}
+
+
+def phase_profile(path: Path) -> dict[str, float]:
+    """A node's `window_profile` records summed, in ms per microbatch (cpu_ms / wall_ms too)."""
+    totals: dict[str, float] = {}
+    microbatches = 0
+    for line in path.open():
+        record = json.loads(line)
+        if record["kind"] != "window_profile":
+            continue
+        microbatches += record["num_microbatches"]
+        for key, value in record.items():
+            if key.endswith("_ms"):
+                totals[key] = totals.get(key, 0.0) + value
+    return {k: round(v / max(microbatches, 1), 2) for k, v in sorted(totals.items())}
 
 
 def split_samples_per_s(args, transport: str) -> tuple[float, dict]:
@@ -89,17 +114,25 @@ def split_samples_per_s(args, transport: str) -> tuple[float, dict]:
     code = run_finetune(cfg)
     if code != 0:
         raise SystemExit(f"U-shape over {transport} failed with exit code {code}")
-    records = [json.loads(line) for line in (Path(cfg.run_dir) / "traces" / "owner-0.jsonl").open()]
+    traces = Path(cfg.run_dir) / "traces"
+    records = [json.loads(line) for line in (traces / "owner-0.jsonl").open()]
     plans = [r["ts_us"] for r in records if r["kind"] == "plan"]
     steps = [r["ts_us"] for r in records if r["kind"] == "step"]
     samples = next(r["samples"] for r in records if r["kind"] == "round")
     seconds = (max(steps) - min(plans)) / 1e6
     transport_rec = next((r for r in records if r["kind"] == "transport"), {})
+    owner_ms = phase_profile(traces / "owner-0.jsonl")
+    worker_ms = phase_profile(traces / "worker-0.jsonl")
+    microbatches = sum(1 for r in records if r["kind"] == "forward")
     profile = {
         "seconds": seconds,
+        # owner + worker CPU (all threads) per sample: what the machine's load cannot inflate
+        "cpu_ms_per_sample": (owner_ms["cpu_ms"] + worker_ms["cpu_ms"]) * microbatches / samples,
         "samples": samples,
         "bytes": next(r["bytes"] for r in records if r["kind"] == "round"),
         "copy_ms": {k: v for k, v in transport_rec.items() if k.endswith("_ms")},
+        "owner_ms_per_microbatch": owner_ms,
+        "worker_ms_per_microbatch": worker_ms,
     }
     return samples / seconds, profile
 
@@ -112,25 +145,37 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window", type=int, default=8, help="microbatches per window")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--override", action="append", default=[], help="extra config override")
+    p.add_argument("--node-env", action="append", default=[], metavar="KEY=VALUE",
+                   help="environment of the node processes (not of the unsplit arm)")  # fmt: skip
     args = p.parse_args(argv)
+    os.environ.update(item.split("=", 1) for item in args.node_env)  # children inherit it
     if args.quick:
         args.steps, args.reps = 8, 1
     report = BenchReport(bench="ushape", config={
         "model": args.model, "steps": args.steps, "batch_size": args.batch_size,
         "window": args.window, "reps": args.reps, "overrides": args.override,
+        "node_env": args.node_env,
     })  # fmt: skip
     runs: dict[str, list[float]] = {"unsplit": [], "tcp": [], "rabbitmq": []}
+    cpu: dict[str, list[float]] = {name: [] for name in runs}  # CPU ms per sample
     for rep in range(args.reps):
-        runs["unsplit"].append(unsplit_samples_per_s(args))
+        unsplit_rate, unsplit = unsplit_samples_per_s(args)
+        runs["unsplit"].append(unsplit_rate)
+        cpu["unsplit"].append(unsplit["cpu_ms_per_sample"])
         for transport in ("tcp", "rabbitmq"):
             rate, profile = split_samples_per_s(args, transport)
             runs[transport].append(rate)
+            cpu[transport].append(profile["cpu_ms_per_sample"])
             report.add_result(rep=rep, transport=transport, samples_per_s=rate, **profile)
-        report.add_result(rep=rep, unsplit_samples_per_s=runs["unsplit"][-1])
+        report.add_result(rep=rep, unsplit_samples_per_s=unsplit_rate, **unsplit)
         print(f"rep {rep}: " + ", ".join(f"{k} {v[-1]:.2f} samples/s" for k, v in runs.items()),
               file=sys.stderr)  # fmt: skip
     medians = {f"{k}_samples_per_s": median(v) for k, v in runs.items()}
+    medians.update({f"{k}_cpu_ms_per_sample": median(v) for k, v in cpu.items()})
     report.add_result(**medians)
+    # > 1: the split pair spends less CPU per sample than the unsplit process (load-proof)
+    report.add_ratio("unsplit_cpu_over_tcp_cpu",
+                     medians["unsplit_cpu_ms_per_sample"] / medians["tcp_cpu_ms_per_sample"])  # fmt: skip
     tcp_over_unsplit = medians["tcp_samples_per_s"] / medians["unsplit_samples_per_s"]
     tcp_over_amqp = medians["tcp_samples_per_s"] / medians["rabbitmq_samples_per_s"]
     report.add_ratio("tcp_over_unsplit", tcp_over_unsplit)

@@ -10,7 +10,9 @@ Gradients then accumulate across the window on every partition, and nothing is r
   sequences weighs as much as one of 16 long ones.
 - `token_weighted`: scale = num_targets / group_targets, so every target token of the group
   weighs the same; the objective equals the loss of one big batch made of the whole window.
-  It needs each owner's target count in the PLAN (owners know theirs before the window).
+  Across processes each owner puts its window's target count in its PLAN (`num_targets`; it
+  knows it before the window), each worker sums the PLANs into its OPEN (`group_targets`), so
+  every owner scales by the same group-wide denominator before any loss is computed.
 
 The two agree when every microbatch has the same number of targets (e.g. classification with
 equal batch sizes, or fixed-length LM batches without padding).
@@ -21,10 +23,12 @@ equal batch sizes, or fixed-length LM batches without padding).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import fields
 
 import torch
 
 from splitlab.config.enums import Objective, TaskKind
+from splitlab.control.messages import Open, Plan
 from splitlab.models.families import FamilyAdapter
 from splitlab.models.tokens import IGNORE_INDEX
 
@@ -67,3 +71,11 @@ def loss_scale(
     if group_targets < 1 or not 0 <= num_targets <= group_targets:
         raise ValueError(f"num_targets={num_targets} of group_targets={group_targets}")
     return num_targets / group_targets
+
+
+def target_counts_on_the_bus() -> bool:
+    """Whether PLAN and OPEN carry target counts (`Plan.num_targets`, `Open.group_targets`),
+    which the networked schedulers need for `token_weighted`."""
+    return "num_targets" in {f.name for f in fields(Plan)} and "group_targets" in {
+        f.name for f in fields(Open)
+    }

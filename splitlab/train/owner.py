@@ -32,7 +32,8 @@ from splitlab.errors import ConfigError, ProtocolError
 from splitlab.models.families import PAD_MASK as ATTENTION_MASK
 from splitlab.train.engine import Emit
 from splitlab.train.nodes import Batch, OwnerNode, clip_and_step
-from splitlab.train.objective import loss_scale
+from splitlab.train.objective import loss_scale, num_targets, target_counts_on_the_bus
+from splitlab.train.phases import PhaseTimes
 from splitlab.train.protocol import (
     BODY_BACKWARD,
     BODY_FORWARD,
@@ -48,13 +49,21 @@ from splitlab.train.protocol import (
 )
 from splitlab.train.window import InflightLedger, next_dispatch, planned_counts
 from splitlab.train.wrr import AdaptiveWeights, SmoothWRR
-from splitlab.wire.base import Message, Priority, Transport
+from splitlab.wire.base import InFlight, Message, Priority, Transport
 from splitlab.wire.frame import Lane, Routing
 
 
 def payload_bytes(tensors: Mapping[str, torch.Tensor]) -> int:
     """Tensor bytes a frame carries (its JSON header aside)."""
     return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def agreed(opens: Mapping[str, Open], name: str, window_id: int) -> int:
+    """A value every worker's OPEN must carry alike (the group total, the group's targets)."""
+    values = {getattr(msg, name) for msg in opens.values()}
+    if len(values) != 1:
+        raise ProtocolError(f"window {window_id}: workers disagree on {name} {sorted(values)}")
+    return values.pop()
 
 
 @dataclass(frozen=True)
@@ -79,10 +88,12 @@ class OwnerScheduler:
         settings: SchedulerSettings,
         emit: Emit | None = None,
     ) -> None:
-        if Objective(settings.objective) is not Objective.mean_of_means:
+        self.objective = Objective(settings.objective)
+        if self.objective is Objective.token_weighted and not target_counts_on_the_bus():
             raise ConfigError(
-                "architecture.objective=token_weighted needs target counts in PLAN/OPEN, which "
-                "the networked schedulers do not carry yet; use mean_of_means"
+                "architecture.objective=token_weighted needs target counts on the control bus "
+                "(Plan.num_targets, Open.group_targets), which this build's messages lack; "
+                "use mean_of_means"
             )
         self.node, self.transport, self.control = node, transport, control
         self.workers = list(workers)
@@ -90,6 +101,7 @@ class OwnerScheduler:
         self.wrr = SmoothWRR(weights.weights())
         self.emit: Emit = emit or (lambda kind, **fields: None)
         self.peak_live = 0  # most front graphs kept at once (reset by the caller)
+        self.phases = PhaseTimes()
 
     def run_window(self, window_id: int, batches: Sequence[Batch]) -> list[float]:
         """One window; returns this owner's microbatch losses. Aborts the group on failure."""
@@ -102,33 +114,49 @@ class OwnerScheduler:
 
     def _window(self, window_id: int, batches: list[Batch]) -> list[float]:
         ctl, me, timeout_s = self.control, self.control.node_id, self.settings.timeout_s
+        phase = self.phases.phase
         ctl.advance(window_id)
         self.wrr.set_weights(self.weights.weights())
         assignment = self.wrr.assign(len(batches))
         counts = planned_counts(assignment, self.workers)
-        plan = Plan(session_id=ctl.session, sender=me, window_id=window_id, counts_by_worker=counts)
-        ctl.send_all(self.workers, plan)
-        self.emit("plan", window=window_id, owner=me, counts_by_worker=counts)
-        for worker, count in counts.items():  # the analysis contract's per-worker allocation
-            self.emit("wrr", window=window_id, owner=me, worker=worker, count=count)
-        opens: dict[str, Open] = ctl.collect(Kind.OPEN, self.workers, timeout_s)  # type: ignore[assignment]
-        totals = {msg.group_total for msg in opens.values()}
-        if len(totals) != 1:
-            raise ProtocolError(f"window {window_id}: workers disagree on the group total {totals}")
-        group_total = totals.pop()
-        losses = self._run(window_id, batches, assignment, opens, group_total) if batches else []
+        targets = [0] * len(batches)
+        extra = {}
+        if self.objective is Objective.token_weighted:  # this owner's terms of the objective
+            targets = [num_targets(self.node.tail.adapter, b) for b in batches]
+            extra = {"num_targets": sum(targets)}
+        plan = Plan(session_id=ctl.session, sender=me, window_id=window_id,
+                    counts_by_worker=counts, **extra)  # fmt: skip
+        with phase("open_wait"):
+            ctl.send_all(self.workers, plan)
+            self.emit("plan", window=window_id, owner=me, counts_by_worker=counts)
+            for worker, count in counts.items():  # the analysis contract's per-worker allocation
+                self.emit("wrr", window=window_id, owner=me, worker=worker, count=count)
+            opens: dict[str, Open] = ctl.collect(Kind.OPEN, self.workers, timeout_s)  # type: ignore[assignment]
+        group_total = agreed(opens, "group_total", window_id)
+        scales = [loss_scale(Objective.mean_of_means, group_microbatches=group_total)] * len(
+            batches
+        )
+        if self.objective is Objective.token_weighted and batches:
+            group_targets = agreed(opens, "group_targets", window_id)
+            scales = [loss_scale(self.objective, group_microbatches=group_total, num_targets=n,
+                                 group_targets=group_targets) for n in targets]  # fmt: skip
+        losses = self._run(window_id, batches, assignment, opens, scales) if batches else []
         drained = Drained(
             session_id=ctl.session, sender=me, window_id=window_id, num_microbatches=len(batches)
         )
-        # Traced before sending, so no worker's COMMIT can carry an earlier timestamp.
-        self.emit("drained", window=window_id, owner=me, num_microbatches=len(batches))
-        ctl.send_all(self.workers, drained)
-        commits: dict[str, Commit] = ctl.collect(Kind.COMMIT, self.workers, timeout_s)  # type: ignore[assignment]
+        with phase("commit_wait"):
+            # Traced before sending, so no worker's COMMIT can carry an earlier timestamp.
+            self.emit("drained", window=window_id, owner=me, num_microbatches=len(batches))
+            ctl.send_all(self.workers, drained)
+            commits: dict[str, Commit] = ctl.collect(Kind.COMMIT, self.workers, timeout_s)  # type: ignore[assignment]
         for worker, msg in commits.items():
             self.weights.observe_rate(worker, msg.tokens_per_s)
         if batches:
-            clip_and_step(self.node.params, self.node.optimizer, self.settings.clip_grad_norm)
+            with phase("step"):
+                clip_and_step(self.node.params, self.node.optimizer, self.settings.clip_grad_norm)
             self.emit("step", window=window_id, owner=me)
+        self.emit("window_profile", window=window_id, node=me, num_microbatches=len(batches),
+                  **self.phases.take())  # fmt: skip
         return losses
 
     def _run(
@@ -137,26 +165,36 @@ class OwnerScheduler:
         batches: list[Batch],
         assignment: list[str],
         opens: dict[str, Open],
-        group_total: int,
+        scales: list[float],
     ) -> list[float]:
         me, transport, timeout_s = self.control.node_id, self.transport, self.settings.timeout_s
+        phase = self.phases.phase
         ledger = InflightLedger(
             total=self.settings.max_inflight,
             credit_by_peer={w: msg.credit for w, msg in opens.items()},
         )
-        scale = loss_scale(Objective.mean_of_means, group_microbatches=group_total)
         pending = list(range(len(batches)))
         done, losses = 0, []
+        sends = InFlight(transport, timeout_s=timeout_s)  # out while the next microbatch computes
         watchdog = Watchdog(self.control, timeout_s=timeout_s, what=f"running window {window_id}")
 
         def routing(microbatch: int) -> Routing:
             return Routing(session=self.control.session, window=window_id, microbatch=microbatch)
 
-        def front_backward(msg: Message) -> None:
-            with msg:
-                microbatch = self._check(msg, FRONT_BACKWARD, window_id, ledger)
-                grad = {name: owned(msg, name) for name in msg.tensors}
-            self.node.front_backward(microbatch, grad)
+        def receive(lane: Lane, wait_s: float = 0.0) -> tuple[Message, dict] | None:
+            with phase("idle" if wait_s else "recv"):
+                msg = try_recv(transport, lane, wait_s)
+                if msg is None:
+                    return None
+                with msg:
+                    kind = FRONT_BACKWARD if lane is Lane.GRADIENT else TAIL_FORWARD
+                    self._check(msg, kind, window_id, ledger)
+                    return msg, {name: owned(msg, name) for name in msg.tensors}
+
+        def front_backward(msg: Message, grad: dict[str, torch.Tensor]) -> None:
+            microbatch = msg.routing.microbatch
+            with phase("front_bwd"):
+                self.node.front_backward(microbatch, grad)
             ledger.release(microbatch)
             self.emit(
                 "backward", window=window_id, microbatch=microbatch, owner=me, worker=msg.peer
@@ -164,24 +202,30 @@ class OwnerScheduler:
             self.emit("microbatch", window=window_id, microbatch=microbatch, owner=me,
                       worker=msg.peer, lane="gradient", bytes=payload_bytes(grad))  # fmt: skip
 
+        def send(peer: str, lane: Lane, kind: str, tensors: dict, microbatch: int,
+                 priority: Priority) -> None:  # fmt: skip
+            with phase("send"):
+                sends.send(
+                    peer, lane, kind, tensors, routing=routing(microbatch), priority=priority
+                )
+
         while done < len(batches):
             busy = False
-            msg = try_recv(transport, Lane.GRADIENT)
-            if msg is not None:  # returning work first: it frees a slot
-                front_backward(msg)
+            got = receive(Lane.GRADIENT)
+            if got is not None:  # returning work first: it frees a slot
+                front_backward(*got)
                 done += 1
                 busy = True
-            msg = try_recv(transport, Lane.ACTIVATION)
-            if msg is not None:
-                with msg:
-                    microbatch = self._check(msg, TAIL_FORWARD, window_id, ledger)
-                    hidden = {name: owned(msg, name) for name in msg.tensors}
-                grad, loss = self.node.tail_step(microbatch, hidden, batches[microbatch], scale)
+            got = receive(Lane.ACTIVATION)
+            if got is not None:
+                msg, hidden = got
+                microbatch = msg.routing.microbatch
+                with phase("tail"):
+                    grad, loss = self.node.tail_step(
+                        microbatch, hidden, batches[microbatch], scales[microbatch]
+                    )
                 losses.append(loss)
-                transport.send(
-                    msg.peer, Lane.GRADIENT, BODY_BACKWARD, grad,
-                    routing=routing(microbatch), priority=Priority.BACKWARD, timeout_s=timeout_s,
-                ).wait(timeout_s)  # fmt: skip
+                send(msg.peer, Lane.GRADIENT, BODY_BACKWARD, grad, microbatch, Priority.BACKWARD)
                 busy = True
             index = next_dispatch([assignment[mb] for mb in pending], ledger)
             if index is not None:
@@ -189,13 +233,12 @@ class OwnerScheduler:
                 worker = assignment[microbatch]
                 ledger.admit(microbatch, worker)
                 batch = batches[microbatch]
-                hidden = self.node.front_forward(microbatch, batch)
+                with phase("front_fwd"):
+                    hidden = self.node.front_forward(microbatch, batch)
                 self.peak_live = max(self.peak_live, self.node.live)
-                tensors = {**hidden, PAD_MASK: batch[ATTENTION_MASK]}
-                transport.send(
-                    worker, Lane.ACTIVATION, BODY_FORWARD, tensors,
-                    routing=routing(microbatch), timeout_s=timeout_s,
-                ).wait(timeout_s)  # fmt: skip
+                # 1 byte per position instead of int64: the worker widens it again
+                tensors = {**hidden, PAD_MASK: batch[ATTENTION_MASK].to(torch.uint8)}
+                send(worker, Lane.ACTIVATION, BODY_FORWARD, tensors, microbatch, Priority.FORWARD)
                 self.emit(
                     "forward", window=window_id, microbatch=microbatch, owner=me, worker=worker
                 )
@@ -206,11 +249,13 @@ class OwnerScheduler:
                 watchdog.progress()
                 continue
             watchdog.check(w for w in self.workers if ledger.live_on(w))
-            msg = try_recv(transport, Lane.GRADIENT, IDLE_WAIT_S)  # idle: block briefly
-            if msg is not None:
-                front_backward(msg)
+            got = receive(Lane.GRADIENT, IDLE_WAIT_S)  # idle: block briefly
+            if got is not None:
+                front_backward(*got)
                 done += 1
                 watchdog.progress()
+        with phase("send"):
+            sends.wait_all()
         return losses
 
     def _check(self, msg: Message, kind: str, window_id: int, ledger: InflightLedger) -> int:

@@ -28,7 +28,9 @@ from splitlab.control.messages import Commit, Drained, Kind, Open, Plan
 from splitlab.errors import ProtocolError
 from splitlab.train.engine import Emit
 from splitlab.train.nodes import WorkerNode, clip_and_step
+from splitlab.train.objective import target_counts_on_the_bus
 from splitlab.train.owner import SchedulerSettings
+from splitlab.train.phases import PhaseTimes
 from splitlab.train.protocol import (
     BODY_BACKWARD,
     BODY_FORWARD,
@@ -44,7 +46,7 @@ from splitlab.train.protocol import (
 )
 from splitlab.train.ready import ReadyQueues, Work
 from splitlab.train.window import InflightLedger
-from splitlab.wire.base import Message, Priority, Transport
+from splitlab.wire.base import InFlight, Message, Priority, Transport
 from splitlab.wire.frame import Lane, Routing
 
 
@@ -72,6 +74,7 @@ class WorkerScheduler:
         self.settings = settings
         self.emit: Emit = emit or (lambda kind, **fields: None)
         self.peak_live = 0  # most body graphs kept at once (reset by the caller)
+        self.phases = PhaseTimes()
 
     def run_window(self, window_id: int) -> int:
         """One window; returns the microbatches this worker ran. Aborts the group on failure."""
@@ -84,25 +87,26 @@ class WorkerScheduler:
 
     def _window(self, window_id: int) -> int:
         ctl, me, timeout_s = self.control, self.control.node_id, self.settings.timeout_s
+        phase = self.phases.phase
         ctl.advance(window_id)
-        plans: dict[str, Plan] = ctl.collect(Kind.PLAN, self.owners, timeout_s)  # type: ignore[assignment]
+        with phase("plan_wait"):
+            plans: dict[str, Plan] = ctl.collect(Kind.PLAN, self.owners, timeout_s)  # type: ignore[assignment]
         expected = {owner: int(plan.counts_by_worker.get(me, 0)) for owner, plan in plans.items()}
         planned_by_owner = {o: sum(p.counts_by_worker.values()) for o, p in plans.items()}
         group_total = sum(planned_by_owner.values())
+        extra = {}
+        if target_counts_on_the_bus():  # the token-weighted objective's denominator
+            extra = {"group_targets": sum(getattr(p, "num_targets", 0) for p in plans.values())}
         self.node.start_window()
-        opened = Open(
-            session_id=ctl.session,
-            sender=me,
-            window_id=window_id,
-            group_total=group_total,
-            credit=self.credit,
-        )
+        opened = Open(session_id=ctl.session, sender=me, window_id=window_id,
+                      group_total=group_total, credit=self.credit, **extra)  # fmt: skip
         ctl.send_all(self.owners, opened)
         self.emit("open", window=window_id, worker=me, group_total=group_total, credit=self.credit)
         total = sum(expected.values())
         if total:
             self._serve(window_id, expected)
-        drained: dict[str, Drained] = ctl.collect(Kind.DRAINED, self.owners, timeout_s)  # type: ignore[assignment]
+        with phase("drained_wait"):
+            drained: dict[str, Drained] = ctl.collect(Kind.DRAINED, self.owners, timeout_s)  # type: ignore[assignment]
         for owner, msg in drained.items():
             if msg.num_microbatches != planned_by_owner[owner]:
                 raise ProtocolError(
@@ -110,7 +114,8 @@ class WorkerScheduler:
                     f"{window_id}, planned {planned_by_owner[owner]}"
                 )
         if total:
-            clip_and_step(self.node.params, self.node.optimizer, self.settings.clip_grad_norm)
+            with phase("step"):
+                clip_and_step(self.node.params, self.node.optimizer, self.settings.clip_grad_norm)
         tokens_per_s = self.node.tokens_per_s()
         ctl.advance(window_id + 1)  # before COMMIT: owners' next PLAN may follow at once
         commit = Commit(
@@ -124,6 +129,8 @@ class WorkerScheduler:
             "commit", window=window_id, worker=me, num_microbatches=total, tokens_per_s=tokens_per_s
         )
         ctl.send_all(self.owners, commit)
+        self.emit("window_profile", window=window_id, node=me, num_microbatches=total,
+                  **self.phases.take())  # fmt: skip
         return total
 
     def _serve(self, window_id: int, expected: dict[str, int]) -> None:
@@ -139,17 +146,21 @@ class WorkerScheduler:
         def routing(microbatch: int) -> Routing:
             return Routing(session=self.control.session, window=window_id, microbatch=microbatch)
 
+        phase = self.phases.phase
+        sends = InFlight(transport, timeout_s=timeout_s)  # out while the next body computes
+
         def pull(lane: Lane, wait_s: float = 0.0) -> bool:
             """Move one arrived frame into the ready queues (tensors copied, buffer released)."""
-            msg = try_recv(transport, lane, wait_s)
-            if msg is None:
-                return False
-            returning = lane is Lane.GRADIENT
-            with msg:
-                microbatch = self._check(
-                    msg, BODY_BACKWARD if returning else BODY_FORWARD, window_id
-                )
-                tensors = {name: owned(msg, name) for name in msg.tensors}
+            with phase("idle" if wait_s else "recv"):
+                msg = try_recv(transport, lane, wait_s)
+                if msg is None:
+                    return False
+                returning = lane is Lane.GRADIENT
+                with msg:
+                    microbatch = self._check(
+                        msg, BODY_BACKWARD if returning else BODY_FORWARD, window_id
+                    )
+                    tensors = {name: owned(msg, name) for name in msg.tensors}
             if not returning:
                 arrived[msg.peer] += 1
                 if arrived[msg.peer] > expected[msg.peer]:
@@ -160,6 +171,13 @@ class WorkerScheduler:
                 ledger.admit((msg.peer, microbatch), msg.peer)  # over credit: protocol error
             ready.push(Work.RETURNING if returning else Work.NEW, msg.peer, (microbatch, tensors))
             return True
+
+        def send(peer: str, lane: Lane, kind: str, tensors: dict, microbatch: int,
+                 priority: Priority) -> None:  # fmt: skip
+            with phase("send"):
+                sends.send(
+                    peer, lane, kind, tensors, routing=routing(microbatch), priority=priority
+                )
 
         while done < total:
             while pull(Lane.GRADIENT):
@@ -177,20 +195,19 @@ class WorkerScheduler:
             key = (owner, microbatch)
             if work is Work.RETURNING:
                 ledger.release(key)
-                grad_in = self.node.body_backward(key, tensors)
-                transport.send(
-                    owner, Lane.GRADIENT, FRONT_BACKWARD, grad_in,
-                    routing=routing(microbatch), priority=Priority.BACKWARD, timeout_s=timeout_s,
-                ).wait(timeout_s)  # fmt: skip
+                with phase("body_bwd"):
+                    grad_in = self.node.body_backward(key, tensors)
+                send(owner, Lane.GRADIENT, FRONT_BACKWARD, grad_in, microbatch, Priority.BACKWARD)
                 done += 1
             else:
-                out = self.node.body_forward(key, tensors, tensors[PAD_MASK])
+                pad_mask = tensors[PAD_MASK].long()  # it travels as uint8
+                with phase("body_fwd"):
+                    out = self.node.body_forward(key, tensors, pad_mask)
                 self.peak_live = max(self.peak_live, self.node.live)
-                transport.send(
-                    owner, Lane.ACTIVATION, TAIL_FORWARD, out,
-                    routing=routing(microbatch), timeout_s=timeout_s,
-                ).wait(timeout_s)  # fmt: skip
+                send(owner, Lane.ACTIVATION, TAIL_FORWARD, out, microbatch, Priority.FORWARD)
             watchdog.progress()
+        with phase("send"):
+            sends.wait_all()
 
     def _check(self, msg: Message, kind: str, window_id: int) -> int:
         microbatch = msg.routing.microbatch

@@ -11,18 +11,18 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 from model_helpers import adapter_of, padded_batch, tiny_model, twin
 from torch import nn
 
-from splitlab.config.enums import Objective
+from splitlab.config.enums import Objective, TaskKind
 from splitlab.errors import NonFiniteError
 from splitlab.models.families import INPUT_IDS, PAD_MASK
 from splitlab.models.parts import build_parts
 from splitlab.models.plan import u_shape_plan
-from splitlab.models.tokens import positions_from_pad_mask
+from splitlab.models.tokens import IGNORE_INDEX, positions_from_pad_mask
 from splitlab.train.engine import UShapeEngine
 from splitlab.train.nodes import OwnerNode, WorkerNode, partition_parameters
-from splitlab.train.objective import num_targets
 from splitlab.train.wrr import AdaptiveWeights
 
 FAMILIES = ["bert", "gpt2", "llama"]
@@ -227,24 +227,49 @@ def test_non_finite_loss_names_the_owner() -> None:
         engine.run_round({"o0": batches("bert")}, quota=WINDOW)
 
 
-def test_token_weighted_objective_matches_one_loss_over_all_window_tokens() -> None:
-    ref = tiny_model("gpt2")
-    split = twin(ref)
-    data = batches("gpt2")
-    adapter = adapter_of("gpt2")
-    optimizer = adamw(list(ref.parameters()))
+def summed_token_losses(family: str, logits: torch.Tensor, batch: dict) -> torch.Tensor:
+    """Sum of the per-target cross-entropies of a batch (next tokens, or one per sequence)."""
+    labels = adapter_of(family).labels(batch)
+    if adapter_of(family).task is TaskKind.causal_lm:  # position t predicts token t + 1
+        logits, labels = logits[:, :-1], labels[:, 1:]
+    return F.cross_entropy(
+        logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+
+
+def train_unsplit_token_weighted(
+    model: nn.Module, family: str, data: Sequence[dict[str, torch.Tensor]]
+) -> None:
+    """The token-weighted reference: per window, the sum of every target's loss over the
+    window's target count (counted from the masks), one AdamW step."""
+    causal = adapter_of(family).task is TaskKind.causal_lm
+    optimizer = adamw(list(model.parameters()))
     for start in range(0, len(data), WINDOW):
         chunk = data[start : start + WINDOW]
-        counts = [num_targets(adapter, b) for b in chunk]
-        for batch, count in zip(chunk, counts, strict=True):
-            logits = ref(input_ids=batch[INPUT_IDS], attention_mask=batch[PAD_MASK]).logits
-            (adapter.loss(logits, adapter.labels(batch)) * count / sum(counts)).backward()
+        # real tokens after each (right-padded) row's first, or one per row
+        total = sum(int(b[PAD_MASK][:, 1:].sum()) if causal else len(b[PAD_MASK]) for b in chunk)
+        for batch in chunk:
+            logits = model(input_ids=batch[INPUT_IDS], attention_mask=batch[PAD_MASK],
+                           position_ids=positions_from_pad_mask(batch[PAD_MASK])).logits  # fmt: skip
+            (summed_token_losses(family, logits, batch) / total).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_token_weighted_objective_is_the_window_token_sum_over_its_targets(family: str) -> None:
+    ref = tiny_model(family)
+    split, other = twin(ref), twin(ref)
+    data = batches(family)  # uneven lengths: windows of 3, 3 and a partial 1
+
+    train_unsplit_token_weighted(ref, family, data)
     one_by_one(split, objective=Objective.token_weighted).run_round({"o0": data}, quota=WINDOW)
+    one_by_one(other).run_round({"o0": data}, quota=WINDOW)  # mean of per-microbatch means
 
     assert_same_parameters(ref, split)
+    if adapter_of(family).task is TaskKind.causal_lm:  # uneven targets: the objectives differ
+        with pytest.raises(AssertionError):
+            assert_same_parameters(ref, other)
 
 
 def test_adaptive_weights_switch_from_initial_to_measured_throughput() -> None:

@@ -18,9 +18,17 @@ from typing import Any
 import pytest
 import torch
 from model_helpers import tiny_model, twin
-from test_train_engine import WINDOW, adamw, assert_same_parameters, batches, train_unsplit
+from test_train_engine import (
+    WINDOW,
+    adamw,
+    assert_same_parameters,
+    batches,
+    train_unsplit,
+    train_unsplit_token_weighted,
+)
 from torch import nn
 
+from splitlab.config.enums import Objective
 from splitlab.control.bus import make_bus
 from splitlab.control.embedded import EmbeddedBusServer
 from splitlab.control.endpoint import ControlEndpoint
@@ -28,6 +36,7 @@ from splitlab.errors import AbortedError, NonFiniteError
 from splitlab.models.parts import build_parts
 from splitlab.models.plan import u_shape_plan
 from splitlab.train.nodes import OwnerNode, WorkerNode, partition_parameters
+from splitlab.train.objective import target_counts_on_the_bus
 from splitlab.train.owner import OwnerScheduler, SchedulerSettings
 from splitlab.train.window import effective_credit, round_schedule
 from splitlab.train.worker import WorkerScheduler
@@ -50,6 +59,7 @@ class Group:
     quota: int = WINDOW
     adaptive: bool = False  # owners re-weight WRR from the workers' COMMIT throughput
     transport: str = "inproc"  # or "tcp": real loopback sockets with the session handshake
+    settings: SchedulerSettings = SETTINGS
     owners: dict[str, OwnerNode] = field(default_factory=dict)
     workers: dict[str, WorkerNode] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
@@ -107,7 +117,7 @@ class Group:
                 scheduler = OwnerScheduler(
                     node=self.owners[name], transport=transports[name], control=ctl,
                     workers=list(self.workers), weights=AdaptiveWeights(self.weights, adaptive=self.adaptive),
-                    settings=SETTINGS, emit=self.emit,
+                    settings=self.settings, emit=self.emit,
                 )  # fmt: skip
                 start = 0
                 for window_id, counts in enumerate(schedule):
@@ -123,7 +133,7 @@ class Group:
                 scheduler = WorkerScheduler(
                     node=self.workers[name], transport=transports[name], control=ctl,
                     owners=list(self.owners), credit=credit, worker_max_inflight=8,
-                    settings=SETTINGS, emit=self.emit,
+                    settings=self.settings, emit=self.emit,
                 )  # fmt: skip
                 for window_id in range(len(schedule)):
                     scheduler.run_window(window_id)
@@ -174,6 +184,24 @@ def test_one_owner_one_worker_matches_unsplit_over_the_transport(
     group = Group(base, {"o0": data}, {"w0": 1.0}, transport=transport)
 
     train_unsplit(ref, family, data)
+    group.run()
+
+    assert group.errors == {}
+    assert_same_parameters(ref, split_model(group))
+
+
+@pytest.mark.skipif(
+    not target_counts_on_the_bus(), reason="needs Plan.num_targets and Open.group_targets"
+)
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_token_weighted_objective_over_tcp_matches_the_unsplit_token_sum(family: str) -> None:
+    base = tiny_model(family)
+    ref = twin(base)
+    data = batches(family)  # uneven target counts per microbatch
+    settings = SchedulerSettings(max_inflight=2, timeout_s=20.0, objective=Objective.token_weighted)
+    group = Group(base, {"o0": data}, {"w0": 1.0}, transport="tcp", settings=settings)
+
+    train_unsplit_token_weighted(ref, family, data)
     group.run()
 
     assert group.errors == {}
