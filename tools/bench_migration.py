@@ -5,11 +5,15 @@ a no-shift run and a run that shifts boundary 1 by +1 block at `--shift-at`, and
 stage traces:
 
 - barrier time at the tail (stage S-1: PROPOSE received -> COMMIT applied; it waits for
-  nobody, so this is the protocol cost), and at the head (PROPOSE sent -> COMMIT sent);
+  nobody, so this is the protocol cost), and at the head (PROPOSE sent -> COMMIT sent), over
+  every barrier that moved nothing in both runs; the no-shift run takes a barrier every
+  `--barrier-window` tokens (default 2: the cost per barrier does not depend on W, and a
+  median of two or three barriers says nothing on a shared host), with median and p90;
 - the shift's pause split into weights (receiver: load_blocks from its own checkpoint copy),
   KV (receiver: waiting for, receiving and installing the donor's KV - an upper bound, it
   absorbs the skew between the two stages reaching the barrier) and commit (pointer swaps,
-  the larger of both sides), with release (gc, empty_cache; off the token path) reported apart;
+  the larger of both sides), with release (dropping the detached block, empty_cache; off the
+  token path) reported apart;
 - KV bytes, checked against 2 x kv heads x head dim x dtype bytes x blocks x context;
 - head TPOT median of both runs.
 
@@ -40,6 +44,20 @@ def records(run_dir: Path, stage: int, kind: str) -> list[dict]:
     return [r for r in map(json.loads, path.open()) if r["kind"] == kind]
 
 
+def still(windows: list[dict], cuts: list[int]) -> list[dict]:
+    """The committed barriers that moved nothing (their cuts equal the previous barrier's)."""
+    out, before = [], list(cuts)
+    for w in windows:
+        if not w["aborted"] and w["cuts"] == before:
+            out.append(w)
+        before = w["cuts"]
+    return out
+
+
+def p90(values: list[float]) -> float:
+    return sorted(values)[int(0.9 * (len(values) - 1))]
+
+
 def run(
     folder: Path, *, cuts: list[int], tokens: int, window: int, planner: dict, tag: str
 ) -> Path:
@@ -62,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shift-at", type=int, default=100)
     p.add_argument("--window", type=int, default=20)
     p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--barrier-window", type=int, default=2, help="W of the no-shift run")
     args = p.parse_args(argv)
     tokens, shift_at, reps = (60, 40, 1) if args.quick else (args.tokens, args.shift_at, args.reps)
     cuts = [int(c) for c in args.cuts.split(",")]
@@ -69,20 +88,18 @@ def main(argv: list[str] | None = None) -> int:
     config = AutoConfig.from_pretrained(folder)
     report = BenchReport(bench="migration", config={
         "model": args.model, "cuts": cuts, "hosts": HOSTS, "tokens": tokens, "shift_at": shift_at,
-        "window": args.window, "reps": reps, "shift": {"boundary": 1, "k": 1},
+        "window": args.window, "barrier_window": args.barrier_window, "reps": reps, "shift": {"boundary": 1, "k": 1},
     })  # fmt: skip
     tail = len(cuts)
     tail_barrier, head_barrier, pauses, tpot = [], [], [], {"noshift": [], "shift": []}
     for rep in range(reps):
-        for tag, planner in (("noshift", {"name": "noop"}), ("shift", {
-                "name": "forced_shift", "at_token": shift_at, "shift_k": 1, "boundary": 1})):  # fmt: skip
-            run_dir = run(folder, cuts=cuts, tokens=tokens, window=args.window, planner=planner, tag=f"{tag}-{rep}")  # fmt: skip
+        for tag, planner, window in (("noshift", {"name": "noop"}, args.barrier_window), ("shift", {
+                "name": "forced_shift", "at_token": shift_at, "shift_k": 1, "boundary": 1}, args.window)):  # fmt: skip
+            run_dir = run(folder, cuts=cuts, tokens=tokens, window=window, planner=planner, tag=f"{tag}-{rep}")  # fmt: skip
             result = json.loads((run_dir / "result.json").read_text())
             tpot[tag].append(result["tpot_ms_median"])
-            windows = [w for w in records(run_dir, tail, "window") if not w["aborted"]]
-            tail_barrier += [w["barrier_ms"] for w in windows if w["decision"] == "noop"]
-            head_barrier += [w["barrier_ms"] for w in records(run_dir, 0, "window")
-                             if not w["aborted"] and w["decision"] == "noop"]  # fmt: skip
+            tail_barrier += [w["barrier_ms"] for w in still(records(run_dir, tail, "window"), cuts)]
+            head_barrier += [w["barrier_ms"] for w in still(records(run_dir, 0, "window"), cuts)]
             if tag == "shift":
                 moves = {
                     m["role"]: m for s in range(tail + 1) for m in records(run_dir, s, "migration")
@@ -108,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"KV {row['kv_ms']:.2f}, commit {row['commit_ms']:.3f}), release {row['release_ms']:.1f} ms",
                       file=sys.stderr)  # fmt: skip
     summary = {
-        "barrier_tail_median_ms": median(tail_barrier), "barrier_head_median_ms": median(head_barrier),
-        "num_barriers_tail": len(tail_barrier),
+        "barrier_tail_median_ms": median(tail_barrier), "barrier_tail_p90_ms": p90(tail_barrier),
+        "barrier_head_median_ms": median(head_barrier), "num_barriers_tail": len(tail_barrier),
         "pause_median_ms": median([r["pause_ms"] for r in pauses]),
         "weights_median_ms": median([r["weights_ms"] for r in pauses]),
         "kv_median_ms": median([r["kv_ms"] for r in pauses]),

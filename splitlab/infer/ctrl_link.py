@@ -16,9 +16,17 @@ import queue
 import socket
 
 from splitlab.errors import PeerLostError, WaitTimeoutError
-from splitlab.infer.ctrl import CtrlMessage, decode, decode_body, decode_length, encode
+from splitlab.infer.ctrl import (
+    MAX_CTRL_BYTES,
+    CtrlMessage,
+    decode,
+    decode_body,
+    decode_length,
+    encode,
+)
 
 _PREFIX = 4
+_RECV_BYTES = MAX_CTRL_BYTES + _PREFIX  # one read takes any whole message
 
 
 class CtrlSocket:
@@ -26,6 +34,7 @@ class CtrlSocket:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(timeout_s)
         self.sock, self.peer, self.timeout_s = sock, peer, timeout_s
+        self._buf = bytearray()  # received bytes not yet decoded (a message may span reads)
 
     def send(self, msg: CtrlMessage) -> None:
         try:
@@ -39,27 +48,29 @@ class CtrlSocket:
                 f"lost {self.peer} (control) while sending {msg.kind}: {exc}"
             ) from exc
 
-    def _exact(self, n: int) -> bytes:
-        buf = bytearray(n)
-        view, got = memoryview(buf), 0
-        while got < n:
-            k = self.sock.recv_into(view[got:], n - got)
-            if k == 0:
+    def _fill(self, n: int) -> None:
+        """Read until the buffer holds >= n bytes (one recv usually brings a whole message)."""
+        while len(self._buf) < n:
+            chunk = self.sock.recv(_RECV_BYTES)
+            if not chunk:
                 raise PeerLostError(f"lost {self.peer} (control): connection closed")
-            got += k
-        return bytes(buf)
+            self._buf += chunk
 
     def recv(self, *, timeout_s: float | None = None) -> CtrlMessage:
         self.sock.settimeout(self.timeout_s if timeout_s is None else max(1e-3, timeout_s))
         try:
-            n = decode_length(self._exact(_PREFIX))
-            return decode_body(self._exact(n))
+            self._fill(_PREFIX)
+            n = decode_length(bytes(self._buf[:_PREFIX]))
+            self._fill(_PREFIX + n)
         except TimeoutError as exc:
             raise WaitTimeoutError(
                 f"nothing from {self.peer} (control) within {timeout_s or self.timeout_s:.1f} s"
             ) from exc
         except OSError as exc:
             raise PeerLostError(f"lost {self.peer} (control): {exc}") from exc
+        body = bytes(self._buf[_PREFIX : _PREFIX + n])
+        del self._buf[: _PREFIX + n]
+        return decode_body(body)
 
     def close(self) -> None:
         try:

@@ -19,8 +19,9 @@ commit_ms, release_ms, n_acks, aborted, decision, obs, cuts, token; a stage adds
 PROPOSE read -> its answer sent, and reply_wait_ms, answer sent -> COMMIT/ABORT read; the head
 adds answer_ms, PROPOSE sent -> each stage's answer read) and one `migration` record
 per move a stage takes part in (boundary, k, role, weights_ms, kv_ms, commit_ms, pause_ms,
-kv_bytes, kv_bytes_per_block_token, release_ms). Release (gc, empty_cache) runs after the
-stage's next send, while it would otherwise wait on the ring, and is reported on its own.
+kv_bytes, kv_bytes_per_block_token, release_ms). Release (dropping the detached blocks and KV, then
+empty_cache) runs after the stage's next send, while it would otherwise wait on the ring, and is
+reported on its own.
 
     .venv/bin/pytest tests/integration/test_barrier_tcp.py -q
 """
@@ -180,6 +181,7 @@ class StageControl:
 
     def barrier(self, *, step: int, pos: int, stats: WindowStats) -> bool:
         """Run one barrier; False when the head closed instead (generation is ending)."""
+        obs = observe(self.drift, step)  # sampled while idle, before PROPOSE: off its critical path
         t_wait = time.perf_counter()
         msg = self.ctrl.recv(timeout_s=self.entry_timeout_s)
         if isinstance(msg, Close):
@@ -193,7 +195,6 @@ class StageControl:
         action = self.state.on_message(msg)
         assert action is StageAction.PRESTAGE, action
         propose, report, answer = msg, PrestageReport(), None
-        obs = observe(self.drift, step)
         try:
             if self.fault == "hang":
                 time.sleep(3600)
