@@ -32,6 +32,7 @@ from splitlab.errors import ProtocolError
 VERSION = 1
 MAX_CTRL_BYTES = 8 * 1024  # one control message, length prefix excluded
 _LEN = struct.Struct(">I")
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)  # built once, not per message
 
 
 def _jsonable(value: Any) -> Any:
@@ -55,71 +56,75 @@ class CtrlMessage:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"v": VERSION, "kind": self.KIND}
-        for name, _hint, _required in _schema(type(self)):
-            value = getattr(self, name)
-            out[name] = list(value) if isinstance(value, tuple) else value
+        for field_ in _schema(type(self)):
+            value = getattr(self, field_.name)
+            out[field_.name] = list(value) if isinstance(value, tuple) else value
         return _jsonable(out)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
         """Known fields checked by type; unknown fields ignored; a missing required one named."""
         kwargs: dict[str, Any] = {}
-        for name, hint, required in _schema(cls):
-            if name not in data:
-                if required:
-                    raise ProtocolError(f"control {cls.KIND}: missing field {name!r}")
+        for field_ in _schema(cls):
+            if field_.name not in data:
+                if field_.required:
+                    raise ProtocolError(f"control {cls.KIND}: missing field {field_.name!r}")
                 continue
-            kwargs[name] = _check(cls.KIND, name, hint, data[name])
+            kwargs[field_.name] = field_.check(cls.KIND, data[field_.name])
         return cls(**kwargs)
 
 
-@functools.cache
-def _schema(cls: type[CtrlMessage]) -> tuple[tuple[str, Any, bool], ...]:
-    """(name, type hint, required) per field, resolved once per class: `get_type_hints`
-    evaluates every annotation string (~0.1 ms a message, on the barrier's critical path)."""
-    hints = typing.get_type_hints(cls)
-    return tuple((f.name, hints[f.name], f.default is MISSING and f.default_factory is MISSING)
-                 for f in fields(cls))  # fmt: skip
+@dataclass(frozen=True)
+class _Field:
+    """One message field's type, resolved once per class (`get_type_hints` evaluates every
+    annotation string: ~0.1 ms a message, on the barrier's critical path)."""
 
+    name: str
+    hint: Any  # without Optional
+    optional: bool  # None is accepted
+    required: bool
 
-def _check(kind: str, name: str, hint: Any, value: Any) -> Any:
-    origin = typing.get_origin(hint)
-    if origin in (types.UnionType, typing.Union):
-        options = typing.get_args(hint)
-        if value is None and type(None) in options:
+    def check(self, kind: str, value: Any) -> Any:
+        hint = self.hint
+        if value is None and self.optional:
             return None
-        hint = next(o for o in options if o is not type(None))
-        origin = typing.get_origin(hint)
-    bad = ProtocolError(f"control {kind}: field {name!r}={value!r} is not a {hint}")
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise bad
+        if hint is bool:
+            ok = isinstance(value, bool)
+        elif hint is int:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif hint is float:
+            if value is None:
+                return math.nan
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            value = float(value) if ok else value
+        elif hint is str:
+            ok = isinstance(value, str)
+        elif typing.get_origin(hint) is tuple:
+            ok = isinstance(value, list) and all(
+                isinstance(v, int) and not isinstance(v, bool) for v in value
+            )
+            value = tuple(value) if ok else value
+        elif typing.get_origin(hint) is dict or hint is dict:
+            ok = isinstance(value, dict)
+        else:
+            raise AssertionError(f"unhandled hint {hint}")
+        if not ok:  # the message (a repr of the value) is built only for a bad field
+            raise ProtocolError(f"control {kind}: field {self.name!r}={value!r} is not a {hint}")
         return value
-    if hint is int:
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise bad
-        return value
-    if hint is float:
-        if value is None:
-            return math.nan
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise bad
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise bad
-        return value
-    if origin is tuple:
-        if not isinstance(value, list) or not all(
-            isinstance(v, int) and not isinstance(v, bool) for v in value
-        ):
-            raise bad
-        return tuple(value)
-    if origin is dict or hint is dict:
-        if not isinstance(value, dict):
-            raise bad
-        return value
-    raise AssertionError(f"unhandled hint {hint}")
+
+
+@functools.cache
+def _schema(cls: type[CtrlMessage]) -> tuple[_Field, ...]:
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in fields(cls):
+        hint, optional = hints[f.name], False
+        if typing.get_origin(hint) in (types.UnionType, typing.Union):
+            optional = type(None) in typing.get_args(hint)
+            hint = next(o for o in typing.get_args(hint) if o is not type(None))
+        required = f.default is MISSING and f.default_factory is MISSING
+        out.append(_Field(f.name, hint, optional, required))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -180,7 +185,7 @@ def encode(msg: CtrlMessage) -> bytes:
     Raises:
         ProtocolError: the message is over MAX_CTRL_BYTES (named, with its size).
     """
-    body = json.dumps(msg.to_dict(), separators=(",", ":"), allow_nan=False).encode()
+    body = _ENCODER.encode(msg.to_dict()).encode()
     if len(body) > MAX_CTRL_BYTES:
         raise ProtocolError(
             f"control {msg.KIND} is {len(body)} bytes, over the {MAX_CTRL_BYTES}-byte cap"
