@@ -172,10 +172,20 @@ def plot_bytes_per_microbatch(microbatches: pd.DataFrame) -> Figure:
 
 
 def plot_sft_rank(table: pd.DataFrame) -> Figure:
-    """Accuracy against SFT (LoRA) rank; one line per `label` when the table has one."""
+    """Accuracy against the SFT rank R; one line per `label` when the table has one.
+
+    Rows labelled `baseline` (no low-rank cut, e.g. `experiments/sft_rank`'s `sft_rank.csv`)
+    are drawn as a dashed horizontal line instead of a point.
+    """
     _require(table, ("rank", "accuracy"), "SFT accuracy against rank")
     fig = Figure(figsize=(6, 4), layout="constrained")
     ax = fig.subplots()
+    if "label" in table.columns:
+        is_baseline = table["label"] == "baseline"
+        for accuracy in table.loc[is_baseline, "accuracy"]:
+            ax.axhline(accuracy, color="black", linestyle="--", label="baseline (no low-rank cut)")
+        table = table[~is_baseline]
+    _require(table, ("rank", "accuracy"), "SFT accuracy against rank (low-rank runs)")
     groups = table.groupby("label", sort=True) if "label" in table.columns else [("", table)]
     for label, rows in groups:
         rows = rows.sort_values("rank")

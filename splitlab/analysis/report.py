@@ -4,8 +4,9 @@
     .venv/bin/pytest tests/integration/test_analysis_report.py -q
 
 The I/O shell around `summary` and `plots`: reads RUN/traces/*.jsonl (and RUN/.hydra/config.yaml,
-RUN/calibration.json when present), renders each figure the run's record kinds support to
-RUN/analysis/<name>.png, and writes RUN/analysis/report.html: self-contained (PNGs inlined as
+RUN/calibration.json, RUN/sft_rank.csv of `experiments/sft_rank/run.py` when present; a folder
+with either of the last two needs no traces), renders each figure the run's record kinds support
+to RUN/analysis/<name>.png, and writes RUN/analysis/report.html: self-contained (PNGs inlined as
 base64), with the resolved config, the key figures, the tables and the plots. A figure that
 cannot be drawn from this run (its records are absent) is skipped and listed under "not drawn"
 with the reason; nothing is drawn empty.
@@ -43,6 +44,7 @@ from splitlab.errors import ConfigError
 log = logging.getLogger(__name__)
 
 _CALIBRATION_FITS = {"decode": fit_decode, "prefill": fit_prefill, "link": fit_link}
+SFT_RANK_TABLE = "sft_rank.csv"  # experiments/sft_rank/run.py's table (a run folder, no traces)
 
 
 @dataclass
@@ -158,7 +160,8 @@ def analyze_run(run_dir: str | Path, *, out_dir: str | Path | None = None) -> Re
     try:
         frame = load_traces(run_dir)
     except FileNotFoundError as exc:
-        if not calibration.is_file():  # a calibrate run has its JSON and no traces
+        # a calibrate run has its JSON and no traces, the SFT rank study its table
+        if not calibration.is_file() and not (run_dir / SFT_RANK_TABLE).is_file():
             raise ConfigError(f"task.run_dir={str(run_dir)!r}: {exc}") from None
         frame = pd.DataFrame(columns=["ts_us", "role", "rank", "kind"])
     out = Path(out_dir) if out_dir is not None else run_dir / "analysis"
@@ -169,6 +172,11 @@ def analyze_run(run_dir: str | Path, *, out_dir: str | Path | None = None) -> Re
             json.loads(calibration.read_text(encoding="utf-8")).get("records", {}).values()
         ):
             builders.update(calibration_figures(record))
+    run_tables = tables(frame)
+    if (run_dir / SFT_RANK_TABLE).is_file():
+        study = pd.read_csv(run_dir / SFT_RANK_TABLE)
+        builders["sft_rank"] = lambda: plots.plot_sft_rank(study)
+        run_tables["sft_rank"] = study
     report = Report(path=out / "report.html", kinds=kinds_present(frame))
     images: dict[str, bytes] = {}
     for name, build in builders.items():
@@ -187,7 +195,7 @@ def analyze_run(run_dir: str | Path, *, out_dir: str | Path | None = None) -> Re
     page = render_html(
         run_dir=run_dir, kinds=report.kinds,
         config_text=config.read_text(encoding="utf-8") if config.is_file() else None,
-        figures=key_figures(frame), run_tables=tables(frame), images=images,
+        figures=key_figures(frame), run_tables=run_tables, images=images,
         skipped=report.skipped,
     )  # fmt: skip
     report.path.write_text(page, encoding="utf-8")
