@@ -1,4 +1,5 @@
-"""The SFT rank study script in --quick mode writes a table and a plot with real numbers.
+"""The SFT rank study script in --quick mode writes a table and a plot with real numbers, and
+`task=analyze` on its folder draws the accuracy-vs-rank figure into RUN/analysis.
 
 .venv/bin/pytest tests/integration/test_sft_rank_study.py -q -m "slow"
 """
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+
+from splitlab.analysis.report import analyze_run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,3 +46,5 @@ def test_quick_study_writes_csv_table_and_plot(tmp_path: Path) -> None:
         assert ratio > 30, (row.to_dict(), baseline.to_dict())
     assert (out / "sft_rank.md").read_text().count("\n|") >= len(table) + 1
     assert (out / "sft_rank.png").stat().st_size > 1000
+    report = analyze_run(out)
+    assert "sft_rank" in report.figures and "Table: sft_rank" in report.path.read_text()
