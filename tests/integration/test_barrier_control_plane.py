@@ -14,6 +14,6 @@ TOOL = Path(__file__).resolve().parents[2] / "tools" / "check_control_plane.py"
 @pytest.mark.parametrize("check", ["happy", "nack", "kill"])
 def test_check_control_plane(check: str) -> None:
     done = subprocess.run([sys.executable, str(TOOL), "--only", check],
-                          capture_output=True, text=True, timeout=180)  # fmt: skip
+                          capture_output=True, text=True, timeout=420)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert done.stdout.startswith(f"OK {check}")
