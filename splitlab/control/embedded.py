@@ -202,6 +202,11 @@ class EmbeddedBusServer:
     def address(self) -> EmbeddedAddress:
         return EmbeddedAddress(self.host, self._port, self.authkey)
 
+    def clients(self) -> int:
+        """Clients connected now (a host that outlives its run waits for them to leave)."""
+        with self._conns_lock:
+            return len(self._conns)
+
     def queue_names(self) -> list[str]:
         with self.queues.lock:
             return sorted(self.queues.ready)

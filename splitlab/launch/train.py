@@ -7,6 +7,10 @@ embedded control bus (or uses RabbitMQ), starts every node as `python -m splitla
 children torn down), then writes metrics.csv and the loss/accuracy plot from the owners'
 `round` trace records and prints where everything is.
 
+Both architectures run: `u_shape` (front/body/tail) and `two_stage` (first/last stage), with
+or without the low-rank cut of `finetune.sft` (`checkpoint_model` says what its checkpoints
+hold).
+
     splitlab                                            # MiniLM, Rotten Tomatoes, 2 owners x 1 worker
     splitlab control=rabbitmq transport=rabbitmq        # the same over the broker
     splitlab task.resume=true hydra.run.dir=<run folder> # continue after its last checkpoint
@@ -26,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from splitlab.config.enums import ControlName, FinetuneMethod
-from splitlab.config.schema import Config, FinetuneTaskConfig, UShapeConfig
+from splitlab.config.schema import Config, FinetuneTaskConfig, TwoStageConfig, UShapeConfig
 from splitlab.errors import ConfigError, ExitCode
 from splitlab.launch.ring import plain
 from splitlab.launch.supervisor import ChildSpec, run_group
@@ -60,17 +64,19 @@ def checkpoint_dir(cfg: Config, run_dir: Path) -> Path:
     return Path(task.checkpoint_dir) if task.checkpoint_dir else run_dir / "checkpoints"
 
 
-def _check(cfg: Config) -> tuple[FinetuneTaskConfig, UShapeConfig]:
+def _check(cfg: Config) -> tuple[FinetuneTaskConfig, UShapeConfig | TwoStageConfig]:
     task, arch = cfg.task, cfg.architecture
     if not isinstance(task, FinetuneTaskConfig):
         raise ConfigError(f"task={task.name}: run_finetune needs task=finetune")
-    if not isinstance(arch, UShapeConfig):
-        raise ConfigError(f"architecture={arch.name}: task=finetune across processes runs u_shape")
-    if cfg.finetune.sft.enabled:
+    if not isinstance(arch, UShapeConfig | TwoStageConfig):
         raise ConfigError(
-            "finetune.sft.enabled=true: the low-rank cut is not wired into the nodes yet"
+            f"architecture={arch.name}: task=finetune across processes runs u_shape or two_stage"
         )
-    if arch.compute_weights and len(arch.compute_weights) != arch.workers:
+    if (
+        isinstance(arch, UShapeConfig)
+        and arch.compute_weights
+        and (len(arch.compute_weights) != arch.workers)
+    ):
         raise ConfigError(
             f"architecture.compute_weights={arch.compute_weights}: {arch.workers} workers"
         )
@@ -94,25 +100,30 @@ def node_spec(
         batch_size=cfg.finetune.batch_size,
         steps_per_round=task.steps_per_round,
     )
-    quota = arch.microbatches_per_window
+    two_stage = isinstance(arch, TwoStageConfig)
+    quota = arch.control_count if two_stage else arch.microbatches_per_window
     names = {COORDINATOR: [COORDINATOR], "owner": owners, "worker": workers}
     if role not in names or not 0 <= rank < len(names[role]):
         raise ConfigError(
             f"role={role!r} rank={rank}: {arch.owners} owners, {arch.workers} workers"
         )
-    weights = list(arch.compute_weights) or [1.0] * arch.workers
+    weights = ([] if two_stage else list(arch.compute_weights)) or [1.0] * arch.workers
     lora = plain(cfg.finetune.lora) if cfg.finetune.method is FinetuneMethod.lora else None
     windows = max(1, math.ceil(per_round / quota))
     timeout_s = arch.timeout_s
     if role == COORDINATOR:  # it waits a whole round (all windows + validation) for UPDATEs
         timeout_s = arch.timeout_s * (windows + 2)
+    shape: dict[str, Any] = {"architecture": arch.name.value, "control_count": quota}
+    if isinstance(arch, UShapeConfig):
+        shape.update(
+            tail_blocks=arch.tail_blocks, max_inflight=arch.max_inflight,
+            worker_max_inflight=arch.worker_max_inflight, adaptive_weights=arch.adaptive_weights,
+        )  # fmt: skip
     return NodeSpec(
         role=role, name=names[role][rank], rank=rank, session=session, owners=owners,
         workers=workers, model=plain(cfg.model) or {}, out_path="", num_windows=windows,
-        quota=quota, seed=task.seed, cut_layers=arch.cut_layers, tail_blocks=arch.tail_blocks,
-        lr=cfg.finetune.lr, weight_decay=cfg.finetune.weight_decay,
-        max_inflight=arch.max_inflight, worker_max_inflight=arch.worker_max_inflight,
-        clip_grad_norm=cfg.finetune.clip_grad_norm, timeout_s=timeout_s,
+        quota=quota, seed=task.seed, cut_layers=arch.cut_layers,
+        lr=cfg.finetune.lr, weight_decay=cfg.finetune.weight_decay, clip_grad_norm=cfg.finetune.clip_grad_norm, timeout_s=timeout_s,
         coordinator=COORDINATOR, rounds=task.rounds, resume=task.resume,
         checkpoint_dir=str(checkpoint_dir(cfg, run_dir)) if task.save_checkpoint else None,
         trace_dir=str(run_dir / "traces"), lora=lora,
@@ -123,7 +134,8 @@ def node_spec(
         compute_weight=compute_weight if compute_weight is not None else (
             weights[rank] if role == "worker" else 1.0
         ),
-        adaptive_weights=arch.adaptive_weights, progress=task.progress,
+        progress=task.progress, sft=plain(cfg.finetune.sft) if cfg.finetune.sft.enabled else None,
+        **shape,
     )  # fmt: skip
 
 
@@ -209,26 +221,46 @@ def summarize(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def evaluate_checkpoint(cfg: Config, run_dir: Path) -> dict[str, Any] | None:
-    """The last merged checkpoint on the held-out split, unsplit, in this process."""
+def checkpoint_model(cfg: Config) -> tuple[Any, Any]:
+    """(model, tokenizer) with the architecture a checkpoint of this config holds: the loaded
+    model, with the FFNs at `finetune.sft`'s low-rank cuts decomposed (a checkpoint of an SFT
+    run keeps the trained factors, `...lowrank_in.weight` / `...lowrank_out.*`, not a product
+    folded back), so `model.load_state_dict(checkpoint.state, strict=True)` works."""
     import torch
 
-    from splitlab.data.owners import build_owner_datasets
     from splitlab.models.load import load_model
+    from splitlab.models.lowrank import decompose_plan
+    from splitlab.sft.parts import sft_plan
+
+    torch.manual_seed(cfg.task.seed)
+    model, tokenizer = load_model(cfg.model)
+    if cfg.finetune.sft.enabled:
+        decompose_plan(model, sft_plan(partition_plan(cfg), cfg.finetune.sft))
+    return model, tokenizer
+
+
+def partition_plan(cfg: Config) -> Any:
+    from splitlab.models.plan import two_stage_plan, u_shape_plan
+
+    arch, layers = cfg.architecture, cfg.model.num_layers
+    if isinstance(arch, TwoStageConfig):
+        return two_stage_plan(num_layers=layers, cut_layers=arch.cut_layers)
+    return u_shape_plan(num_layers=layers, cut_layers=arch.cut_layers, tail_blocks=arch.tail_blocks)
+
+
+def evaluate_checkpoint(cfg: Config, run_dir: Path) -> dict[str, Any] | None:
+    """The last merged checkpoint on the held-out split, unsplit, in this process."""
+    from splitlab.data.owners import build_owner_datasets
     from splitlab.models.parts import build_parts
-    from splitlab.models.plan import u_shape_plan
     from splitlab.train.checkpoint import latest_checkpoint
     from splitlab.train.validate import evaluate, part_chain
 
     checkpoint = latest_checkpoint(checkpoint_dir(cfg, run_dir))
     if checkpoint is None:
         return None
-    torch.manual_seed(cfg.task.seed)
-    model, tokenizer = load_model(cfg.model)
+    model, tokenizer = checkpoint_model(cfg)
     model.load_state_dict(checkpoint.state, strict=True)
-    plan = u_shape_plan(num_layers=cfg.model.num_layers, cut_layers=cfg.architecture.cut_layers,
-                        tail_blocks=cfg.architecture.tail_blocks)  # fmt: skip
-    parts = build_parts(model, plan)
+    parts = build_parts(model, partition_plan(cfg))  # the decomposed FFNs run inside their blocks
     _, val = build_owner_datasets(
         cfg.data, tokenizer, num_owners=cfg.architecture.owners, round_index=checkpoint.round_id
     )

@@ -36,6 +36,7 @@ from splitlab.control.membership import new_session_key_hex
 from splitlab.control.messages import Abort, Kind, Message, Start, Stop, Update
 from splitlab.errors import AbortedError, ProtocolError, WaitTimeoutError
 from splitlab.train.checkpoint import capture_rng, latest_checkpoint, save_checkpoint, unshared
+from splitlab.train.engine import Emit
 from splitlab.train.fedavg import check_finite
 from splitlab.train.protocol import abort_peers
 from splitlab.train.rounds import NodeUpdate, aggregate, redistribute
@@ -72,11 +73,15 @@ class Coordinator:
         timeout_s: float = 120.0,
         dense_view: DenseView | None = None,
         data_key_hex: str | None = None,
+        emit: Emit | None = None,
     ) -> None:
         """`dense_view` turns the averaged updates into the checkpoint's dense state under the
         original keys (LoRA adapters need the base: see `splitlab.train.process`); None = as is.
         `data_key_hex` is the data plane's HMAC key sent in every START; None = a fresh one.
+        `emit` traces the rounds: `round_start`, `fedavg` (each node's weight = its samples, and
+        its metrics), `checkpoint`, `round_end`, `abort` (the cause), `stop`.
         """
+        self.emit: Emit = emit or (lambda kind, **fields: None)
         self.data_key_hex = data_key_hex or new_session_key_hex()
         self.control = control
         self.dense_view = dense_view or dict
@@ -96,6 +101,7 @@ class Coordinator:
         try:
             self._run(rounds=rounds, resume=resume)
         except BaseException as exc:
+            self.emit("abort", reason=f"{type(exc).__name__}: {exc}"[:2000])
             abort_peers(self.control, self.nodes, exc)
             raise
 
@@ -118,20 +124,34 @@ class Coordinator:
                 data_key_hex=self.data_key_hex, roster=[{"node": n} for n in self.nodes],
             )  # fmt: skip
             ctl.send_all(self.nodes, start_msg)
+            self.emit("round_start", round=round_id, resumed=initial is not None, **plan)
             if initial is not None:
                 self._send_merged(initial.round_id, initial.state, None, RESTORE)
                 initial = None
             updates = self._collect_updates(round_id)
             merged = aggregate(updates)
             self.history.append({u.node: u.num_samples for u in updates})
+            for update in updates:
+                self.emit(
+                    "fedavg", round=round_id, node=update.node, partition=update.partition,
+                    weight=update.num_samples, metrics=self._node_metrics(round_id, update.node),
+                )  # fmt: skip
             if self.checkpoint_dir is not None:
                 dense = self.dense_view(merged)
-                save_checkpoint(
+                path = save_checkpoint(
                     self.checkpoint_dir, round_id=round_id, state=dense, rng=capture_rng()
                 )
+                self.emit("checkpoint", round=round_id, path=str(path), tensors=len(dense))
             self._send_merged(round_id, merged, {u.node: set(u.state) for u in updates}, MERGED)
-            log.info("%s", self._round_line(round_id, rounds, updates, time.monotonic() - began))
+            seconds = time.monotonic() - began
+            self.emit("round_end", round=round_id, seconds=round(seconds, 3))
+            log.info("%s", self._round_line(round_id, rounds, updates, seconds))
         ctl.send_all(self.nodes, Stop(session_id=ctl.session, sender=ctl.node_id, reason="done"))
+        self.emit("stop", rounds=rounds)
+
+    def _node_metrics(self, round_id: int, node: str) -> dict[str, Any]:
+        rows = [m for m in self.metrics if m["round"] == round_id and m["node"] == node]
+        return {k: v for k, v in rows[-1].items() if k not in ("round", "node")} if rows else {}
 
     def _round_line(
         self, round_id: int, rounds: int, updates: list[NodeUpdate], seconds: float

@@ -6,8 +6,10 @@ owner finishes with its tail and computes the metrics of `splitlab.train.validat
 labels and logits never leave the owner. Workers answer these frames while they wait on the
 control bus between rounds (`serve_validation` is their idle step).
 
-    VAL_FORWARD  owner -> worker  activation lane  hidden_BTH, pad_mask_BT
-    VAL_RETURN   worker -> owner  activation lane  hidden_BTH
+    VAL_FORWARD  owner -> worker  activation lane  the front's crossing (hidden_BTH, or
+                                                   code_BTR [+ residual] at a low-rank cut),
+                                                   pad_mask_BT
+    VAL_RETURN   worker -> owner  activation lane  the body's crossing
 
     .venv/bin/pytest tests/equivalence/test_train_processes.py -q
 """
@@ -21,8 +23,9 @@ import torch
 
 from splitlab.errors import PeerLostError, ProtocolError
 from splitlab.models.families import INPUT_IDS, PAD_MASK
+from splitlab.models.parts import Part
 from splitlab.models.tokens import positions_from_pad_mask
-from splitlab.train.nodes import Batch, OwnerNode, WorkerNode
+from splitlab.train.nodes import Batch, Crossing, OwnerNode, WorkerNode, as_crossing, pick
 from splitlab.train.protocol import HIDDEN, IDLE_WAIT_S, owned, try_recv
 from splitlab.train.protocol import PAD_MASK as WIRE_PAD_MASK
 from splitlab.train.validate import Metrics, evaluate
@@ -48,8 +51,8 @@ def validate_owner(
         positions = positions_from_pad_mask(pad_mask)
         index = next(counter)
         with torch.no_grad():
-            hidden = node.front(batch[INPUT_IDS], pad_mask, positions)
-        tensors = {HIDDEN: hidden, WIRE_PAD_MASK: pad_mask}
+            out = as_crossing(node.front(batch[INPUT_IDS], pad_mask, positions))
+        tensors = {**out, WIRE_PAD_MASK: pad_mask}
         routing = Routing(microbatch=index)
         transport.send(
             worker, Lane.ACTIVATION, VAL_FORWARD, tensors, routing=routing, timeout_s=timeout_s
@@ -59,9 +62,9 @@ def validate_owner(
                 raise ProtocolError(
                     f"{msg.kind} #{msg.routing.microbatch} from {worker!r}, expected {VAL_RETURN} #{index}"
                 )
-            returned = owned(msg, HIDDEN)
+            returned = {name: owned(msg, name) for name in msg.tensors}
         with torch.no_grad():
-            return node.tail(returned, pad_mask, positions)
+            return node.tail(part_input(node.tail, returned, worker), pad_mask, positions)
 
     try:
         return evaluate(logits, node.tail.adapter, batches)
@@ -84,14 +87,23 @@ def serve_validation(node: WorkerNode, transport: Transport, wait_s: float = IDL
     with msg:
         if msg.kind != VAL_FORWARD:
             raise ProtocolError(f"{msg.kind} from {msg.peer!r} outside a window")
-        hidden, pad_mask = owned(msg, HIDDEN), owned(msg, WIRE_PAD_MASK)
+        received = {name: owned(msg, name) for name in msg.tensors}
         routing = msg.routing
+    pad_mask = received.pop(WIRE_PAD_MASK)
     mode = node.body.training
     node.body.eval()
     try:
         with torch.no_grad():
-            out = node.body(hidden, pad_mask, positions_from_pad_mask(pad_mask))
+            x = part_input(node.body, received, msg.peer)
+            out = as_crossing(node.body(x, pad_mask, positions_from_pad_mask(pad_mask)))
     finally:
         node.body.train(mode)
-    transport.send(msg.peer, Lane.ACTIVATION, VAL_RETURN, {HIDDEN: out}, routing=routing).wait()
+    transport.send(msg.peer, Lane.ACTIVATION, VAL_RETURN, out, routing=routing).wait()
     return True
+
+
+def part_input(part: Part, crossing: Crossing, peer: str) -> torch.Tensor | Crossing:
+    """What `part` takes from a received crossing: the named tensors at a low-rank cut, else
+    the hidden state."""
+    picked = pick(crossing, part.receives, f"validation input from {peer!r}")
+    return picked if part.span.code_in is not None else picked[HIDDEN]

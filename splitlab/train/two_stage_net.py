@@ -3,12 +3,18 @@
 The first stage forwards a window of up to `control_count` microbatches, keeping each output's
 graph under its microbatch id and sending a copy with the padding mask and the *labels* (this
 mode's privacy trade: labels travel). The last stage runs forward, loss, backward and an
-optimizer step per microbatch in arrival order, and returns the gradient at the cut. The first
-stage backpropagates each gradient as it arrives (any order), releases that graph, and after
-the window's last one averages its gradients over the window's real count and steps once.
+optimizer step per microbatch in arrival order, and returns the gradient at the cut with the
+loss (the labels already crossed, so the loss reveals nothing new). The first stage
+backpropagates each gradient as it arrives (any order), releases that graph, and after the
+window's last one averages its gradients over the window's real count and steps once.
 
-    STAGE_FORWARD   first -> last   activation lane  hidden_BTH, pad_mask_BT, labels
-    STAGE_BACKWARD  last -> first   gradient lane    grad_BTH   (priority BACKWARD)
+    STAGE_FORWARD   first -> last   activation lane  the crossing (hidden_BTH, or code_BTR
+                                                     [+ residual] at a low-rank cut),
+                                                     pad_mask_BT, labels
+    STAGE_BACKWARD  last -> first   gradient lane    grad_<crossing>, loss   (priority BACKWARD)
+    STAGE_END       first -> last   activation lane  count: the round's microbatches (processes
+                                                     that do not know an owner's count wait
+                                                     for this instead)
 
     .venv/bin/pytest tests/equivalence/test_train_two_stage.py -q
 """
@@ -22,18 +28,36 @@ import torch
 
 from splitlab.errors import ConfigError, NonFiniteError, ProtocolError, WaitTimeoutError
 from splitlab.models.families import INPUT_IDS, PAD_MASK
-from splitlab.models.parts import Part
+from splitlab.models.parts import HIDDEN, Part
 from splitlab.models.tokens import positions_from_pad_mask
 from splitlab.train.engine import Emit
-from splitlab.train.nodes import Batch, check_finite_tensor, clip_and_step, partition_parameters
-from splitlab.train.protocol import GRAD, HIDDEN, owned
+from splitlab.train.nodes import (
+    Batch,
+    as_crossing,
+    backward_crossing,
+    check_finite_tensor,
+    clip_and_step,
+    device_of,
+    leaf_grads,
+    leaves,
+    partition_parameters,
+    pick,
+)
 from splitlab.train.protocol import PAD_MASK as WIRE_PAD_MASK
+from splitlab.train.protocol import owned
 from splitlab.wire.base import Priority, Transport
 from splitlab.wire.frame import Lane, Routing
 
 STAGE_FORWARD = "stage_forward"
 STAGE_BACKWARD = "stage_backward"
+STAGE_END = "stage_end"
 LABELS = "labels"
+LOSS = "loss"
+COUNT = "count"
+
+
+def _emit_nothing(kind: str, **fields: object) -> None:
+    return None
 
 
 class FirstStage:
@@ -57,31 +81,46 @@ class FirstStage:
         self.last_stage, self.control_count = last_stage, control_count
         self.clip_grad_norm, self.timeout_s = clip_grad_norm, timeout_s
         self.params = partition_parameters(part)
-        self.emit: Emit = emit or (lambda kind, **fields: None)
+        self.emit: Emit = emit or _emit_nothing
+        self.peak_live = 0  # most first-stage graphs held at once since the last reset
 
-    def run(self, batches: Sequence[Batch]) -> None:
-        for window_id, start in enumerate(range(0, len(batches), self.control_count)):
-            self._window(window_id, start, batches[start : start + self.control_count])
+    def run(self, batches: Sequence[Batch], *, first_window: int = 0) -> list[float]:
+        """Train on `batches` in windows of `control_count` (window ids from `first_window`);
+        returns the last stage's losses, in the order the gradients came back."""
+        losses: list[float] = []
+        for offset, start in enumerate(range(0, len(batches), self.control_count)):
+            chunk = batches[start : start + self.control_count]
+            losses += self._window(first_window + offset, start, chunk)
+        return losses
 
-    def _window(self, window_id: int, first_id: int, chunk: Sequence[Batch]) -> None:
-        live: dict[int, torch.Tensor] = {}
+    def end_round(self, count: int) -> None:
+        """Tell the last stage this round sent `count` microbatches (see `LastStage.serve`)."""
+        self.transport.send(
+            self.last_stage, Lane.ACTIVATION, STAGE_END, {COUNT: torch.tensor([count])},
+            timeout_s=self.timeout_s,
+        ).wait(self.timeout_s)  # fmt: skip
+
+    def _window(self, window_id: int, first_id: int, chunk: Sequence[Batch]) -> list[float]:
+        live: dict[int, dict[str, torch.Tensor]] = {}
         adapter = self.part.adapter
         for offset, batch in enumerate(chunk):
             data_id = first_id + offset
             pad_mask = batch[PAD_MASK]
-            output = self.part(batch[INPUT_IDS], pad_mask, positions_from_pad_mask(pad_mask))
-            check_finite_tensor(output, f"first-stage output of microbatch {data_id}")
-            live[data_id] = output  # the graph stays here; a detached copy travels
-            tensors = {
-                HIDDEN: output.detach(),
-                WIRE_PAD_MASK: pad_mask,
-                LABELS: adapter.labels(batch),
-            }
+            output = as_crossing(
+                self.part(batch[INPUT_IDS], pad_mask, positions_from_pad_mask(pad_mask))
+            )
+            for name, tensor in output.items():
+                check_finite_tensor(tensor, f"first-stage output of microbatch {data_id} ({name})")
+            live[data_id] = output  # the graph stays here; detached copies travel
+            self.peak_live = max(self.peak_live, len(live))
+            tensors = {n: t.detach() for n, t in output.items()}
+            tensors.update({WIRE_PAD_MASK: pad_mask, LABELS: adapter.labels(batch)})
             self.transport.send(
                 self.last_stage, Lane.ACTIVATION, STAGE_FORWARD, tensors,
                 routing=Routing(window=window_id, microbatch=data_id), timeout_s=self.timeout_s,
             ).wait(self.timeout_s)  # fmt: skip
             self.emit("forward", window=window_id, microbatch=data_id, stage="first")
+        losses: list[float] = []
         while live:
             msg = self.transport.recv(
                 Lane.GRADIENT, timeout_s=self.timeout_s, peer_id=self.last_stage
@@ -92,14 +131,19 @@ class FirstStage:
                     raise ProtocolError(
                         f"{msg.kind} for microbatch {data_id} from {msg.peer!r}; live: {sorted(live)}"
                     )
-                grad = owned(msg, GRAD)
-            live.pop(data_id).backward(grad)  # releases this graph
+                grads = {n: owned(msg, n) for n in msg.tensors if n != LOSS}
+                if LOSS in msg.tensors:
+                    losses.append(float(msg.tensors[LOSS]))
+            backward_crossing(  # releases this graph
+                live.pop(data_id), grads, f"first-stage backward of microbatch {data_id}"
+            )
             self.emit("backward", window=window_id, microbatch=data_id, stage="first")
         for param in self.params:
             if param.grad is not None:
                 param.grad.div_(len(chunk))
         clip_and_step(self.params, self.optimizer, self.clip_grad_norm)
         self.emit("step", window=window_id, stage="first", num_microbatches=len(chunk))
+        return losses
 
 
 class LastStage:
@@ -118,12 +162,15 @@ class LastStage:
         self.part, self.optimizer, self.transport = part, optimizer, transport
         self.clip_grad_norm, self.timeout_s = clip_grad_norm, timeout_s
         self.params = partition_parameters(part)
-        self.emit: Emit = emit or (lambda kind, **fields: None)
+        self.device = device_of(part)
+        self.emit: Emit = emit or _emit_nothing
+        self.num_samples = 0  # sequences trained on since the last reset
 
-    def serve(self, expected_by_owner: Mapping[str, int]) -> list[float]:
-        """Process every owner's microbatches as they arrive; returns the losses in that order."""
-        remaining = dict(expected_by_owner)
-        losses: list[float] = []
+    def serve(self, expected_by_owner: Mapping[str, int | None]) -> dict[str, list[float]]:
+        """Process every owner's microbatches as they arrive: `n` from an owner, or, for None,
+        until its STAGE_END. Returns each owner's losses in arrival order."""
+        remaining = {o: (math.inf if n is None else n) for o, n in expected_by_owner.items()}
+        losses: dict[str, list[float]] = {o: [] for o in expected_by_owner}
         while any(remaining.values()):
             try:
                 msg = self.transport.recv(Lane.ACTIVATION, timeout_s=self.timeout_s)
@@ -134,33 +181,38 @@ class LastStage:
                     f"microbatches from {waiting}"
                 ) from None
             with msg:
-                if msg.kind != STAGE_FORWARD or remaining.get(msg.peer, 0) < 1:
-                    raise ProtocolError(f"unexpected {msg.kind} from {msg.peer!r}")
-                hidden, pad_mask, labels = (
-                    owned(msg, HIDDEN),
-                    owned(msg, WIRE_PAD_MASK),
-                    owned(msg, LABELS),
-                )
-                routing = msg.routing
-            remaining[msg.peer] -= 1
-            leaf = hidden.requires_grad_()
-            logits = self.part(leaf, pad_mask, positions_from_pad_mask(pad_mask))
-            loss = self.part.adapter.loss(logits, labels)
-            value = float(loss.detach())
-            if not math.isfinite(value):
-                raise NonFiniteError(
-                    f"last-stage loss {value} on microbatch {routing.microbatch} from {msg.peer!r}"
-                )
-            loss.backward()
-            clip_and_step(self.params, self.optimizer, self.clip_grad_norm)
-            assert leaf.grad is not None
-            check_finite_tensor(
-                leaf.grad, f"last-stage gradient of microbatch {routing.microbatch}"
-            )
+                peer, routing = msg.peer, msg.routing
+                if msg.kind == STAGE_END and remaining.get(peer) == math.inf:
+                    remaining[peer] = 0
+                    continue
+                if msg.kind != STAGE_FORWARD or remaining.get(peer, 0) < 1:
+                    raise ProtocolError(f"unexpected {msg.kind} from {peer!r}")
+                received = {n: owned(msg, n) for n in msg.tensors}
+            remaining[peer] -= 1
+            grads, value = self._step(received, routing.microbatch, peer)
+            grads[LOSS] = torch.tensor([value])
             self.transport.send(
-                msg.peer, Lane.GRADIENT, STAGE_BACKWARD, {GRAD: leaf.grad},
+                peer, Lane.GRADIENT, STAGE_BACKWARD, grads,
                 routing=routing, priority=Priority.BACKWARD, timeout_s=self.timeout_s,
             ).wait(self.timeout_s)  # fmt: skip
-            losses.append(value)
-            self.emit("step", microbatch=routing.microbatch, stage="last", owner=msg.peer)
+            losses[peer].append(value)
+            self.emit("step", microbatch=routing.microbatch, stage="last", owner=peer)
         return losses
+
+    def _step(
+        self, received: Mapping[str, torch.Tensor], data_id: int, peer: str
+    ) -> tuple[dict[str, torch.Tensor], float]:
+        what = f"last stage, microbatch {data_id} from {peer!r}"
+        inputs = leaves(pick(received, self.part.receives, what), self.device)
+        x = inputs if self.part.span.code_in is not None else inputs[HIDDEN]
+        pad_mask = received[WIRE_PAD_MASK].to(self.device)
+        labels = received[LABELS].to(self.device)
+        logits = self.part(x, pad_mask, positions_from_pad_mask(pad_mask))
+        loss = self.part.adapter.loss(logits, labels)
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            raise NonFiniteError(f"last-stage loss {value} on microbatch {data_id} from {peer!r}")
+        loss.backward()
+        clip_and_step(self.params, self.optimizer, self.clip_grad_norm)
+        self.num_samples += int(pad_mask.shape[0])
+        return leaf_grads(inputs, f"last-stage gradient of microbatch {data_id}"), value

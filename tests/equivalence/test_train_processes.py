@@ -29,8 +29,8 @@ from splitlab.models.plan import u_shape_plan
 from splitlab.train.checkpoint import completed_rounds, load_checkpoint
 from splitlab.train.engine import UShapeEngine
 from splitlab.train.lora import apply_lora, merged_state
+from splitlab.train.node_setup import DATA_KEY_ENV, save_batches
 from splitlab.train.nodes import OwnerNode, WorkerNode, partition_parameters
-from splitlab.train.process import DATA_KEY_ENV, save_batches
 from splitlab.train.validate import evaluate, part_chain
 from splitlab.train.window import round_schedule
 from splitlab.train.wrr import SmoothWRR
@@ -162,7 +162,14 @@ def test_divergence_aborts_every_process_naming_the_cause(tmp_path: Path) -> Non
 def test_a_vanished_worker_times_the_owner_out_naming_it(tmp_path: Path) -> None:
     data = {"o0": batches("gpt2", n=7)}  # three windows; the worker leaves after the first
 
-    ended = run_each(specs(tmp_path, "gpt2", data, ["w0"], {"num_windows": 1}, timeout_s=3.0))
+    # 3 s bounds the waits inside the windows; process start (model loads, REGISTER both
+    # ways) has its own allowance, so a loaded machine cannot time the start-up out instead
+    ended = run_each(
+        specs(
+            tmp_path, "gpt2", data, ["w0"], {"num_windows": 1}, timeout_s=3.0,
+            startup_timeout_s=120.0,
+        )  # fmt: skip
+    )
 
     owner_code, owner_log = ended["o0"]
     assert ended["w0"][0] == 0
