@@ -15,9 +15,16 @@ the first window (the planner has no statistics before it), also with the barrie
 pauses added (`effective`), the ratio adaptive / noop (target <= 1.0), the adaptive arm's final
 cuts and blocks on the slow stage before/after, and whether every run emitted the same tokens.
 
+`--steady` adds a third arm per repetition: noop on the same profile at phi = 1 (no slowdown),
+and reports what phi does to the slow stage and to the head (`phi_effect`): the slow stage's
+mean compute_ms and the head's mean TPOT, each as noop-at-phi over steady, next to the TPOT
+ratio the stage times predict, (TPOT + (phi - 1) x slow compute) / TPOT. With `--phi 1.5` that
+is the issue's "compute_ms about 1.5x and the head's TPOT accordingly".
+
     python tools/bench_adaptive.py --quick --out /tmp/bench_adaptive.json
     python tools/bench_adaptive.py --reps 3 --tokens 160 --out outputs/bench_adaptive.json
     python tools/bench_adaptive.py --model tiny --quick
+    python tools/bench_adaptive.py --phi 1.5 --steady --reps 2 --tokens 60 --window 20
 """
 
 from __future__ import annotations
@@ -41,8 +48,8 @@ HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
 TINY_LAYERS = 12
 
 
-def head_records(run_dir: Path, kind: str) -> list[dict]:
-    path = run_dir / "traces" / "stage-0.jsonl"
+def head_records(run_dir: Path, kind: str, stage: int = 0) -> list[dict]:
+    path = run_dir / "traces" / f"stage-{stage}.jsonl"
     return [r for r in map(json.loads, path.open()) if r["kind"] == kind]
 
 
@@ -69,14 +76,39 @@ def run_arm(model: str, *, cuts: list[int], tokens: int, window: int, planner: d
     windows = [w for w in head_records(run_dir, "window") if w.get("barrier_ms") is not None]
     tpot = result["tpot_ms"][window:]  # tpot_ms[i] is decode step i + 1: skip the first window
     pauses = sum(w["barrier_ms"] for w in windows if w["token"] >= window)
+    decode = [[r for r in head_records(run_dir, "token", s) if r["token"] > window] for s in range(len(HOSTS))]  # fmt: skip
     return {
         "tag": tag, "run_dir": str(run_dir), "token_ids": result["token_ids"],
         "tpot_mean_ms": statistics.fmean(tpot), "tpot_median_ms": statistics.median(tpot),
         "effective_mean_ms": (sum(tpot) + pauses) / len(tpot), "barrier_total_ms": pauses,
+        "stage_compute_mean_ms": [statistics.fmean(r["compute_ms"] for r in rs) for rs in decode],
+        "stage_real_mean_ms": [statistics.fmean(r["real_ms"] for r in rs) for rs in decode],
         "cuts": [w["cuts"] for w in windows],
         "moves": sum(1 for i, w in enumerate(windows) if w["cuts"] != (windows[i - 1]["cuts"] if i else cuts)),
         "decisions": [w["decision"] for w in windows],
     }  # fmt: skip
+
+
+def phi_effect(slowed: list[dict], steady: list[dict], *, phi: float, slow_stage: int) -> dict:
+    """Medians over repetitions: the slow stage's compute and the head's TPOT, slowed / steady.
+
+    Across arms both ratios carry the host's load drift between runs; two figures from the
+    slowed runs alone do not: `compute_over_real` (the slow stage's compute_ms over its own
+    forward) and `tpot_over_unslowed` (the head's TPOT over the same TPOT less the injected
+    sleep), which holds because TPOT = the stages' compute + a fixed link cost (`link_ms`,
+    about equal in both arms when the sleep lands on the head's TPOT one for one).
+    """
+    slow = median([r["stage_compute_mean_ms"][slow_stage] for r in slowed])
+    real = median([r["stage_real_mean_ms"][slow_stage] for r in slowed])
+    base = median([r["stage_compute_mean_ms"][slow_stage] for r in steady])
+    tpot = median([r["tpot_mean_ms"] for r in slowed])
+    tpot_base = median([r["tpot_mean_ms"] for r in steady])
+    link = [median([r["tpot_mean_ms"] - sum(r["stage_compute_mean_ms"]) for r in rows]) for rows in (slowed, steady)]  # fmt: skip
+    return {"phi": phi, "slow_compute_ms": slow, "steady_compute_ms": base, "compute_ratio": slow / base,
+            "compute_over_real": slow / real, "tpot_over_unslowed": tpot / (tpot - (slow - real)),
+            "link_ms": link[0], "steady_link_ms": link[1],
+            "tpot_ms": tpot, "steady_tpot_ms": tpot_base, "tpot_ratio": tpot / tpot_base,
+            "tpot_ratio_predicted": (tpot_base + (phi - 1.0) * base) / tpot_base}  # fmt: skip
 
 
 def blocks_on(cuts: list[int], stage: int, num_layers: int) -> int:
@@ -95,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slow-stage", type=int, default=1)
     p.add_argument("--hysteresis", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=77)
+    p.add_argument("--steady", action="store_true", help="add a noop arm at phi = 1 (phi_effect)")
     args = p.parse_args(argv)
     tokens, reps = (100, 2) if args.quick else (args.tokens, args.reps)
     extra: list[str] = []
@@ -114,16 +147,22 @@ def main(argv: list[str] | None = None) -> int:
         "noop": {"name": "noop"},
         "adaptive": {"name": "adaptive", "hysteresis": args.hysteresis},
     }
+    drifts = dict.fromkeys(arms, drift)
+    if args.steady:
+        arms["steady"] = arms["noop"]
+        drifts["steady"] = write_trace(Path(tempfile.mkdtemp(prefix="bench_adaptive-steady-")),
+                                       phi=1.0, slow_stage=args.slow_stage, seed=args.seed,
+                                       tokens=tokens)  # fmt: skip
     report = BenchReport(bench="adaptive", config={
         "model": args.model, "cuts": cuts, "hosts": HOSTS, "tokens": tokens, "window": args.window,
         "reps": reps, "drift": {k: v for k, v in drift.items() if k != "trace"}, "planners": arms,
     })  # fmt: skip
-    runs: dict[str, list[dict]] = {"noop": [], "adaptive": []}
+    runs: dict[str, list[dict]] = {arm: [] for arm in arms}
     for rep in range(reps):
-        order = ["noop", "adaptive"] if rep % 2 == 0 else ["adaptive", "noop"]
+        order = list(arms) if rep % 2 == 0 else list(reversed(arms))
         for arm in order:
             row = run_arm(str(folder), cuts=cuts, tokens=tokens, window=args.window,
-                          planner=arms[arm], drift=drift, extra=extra, tag=f"{arm}-{rep}")  # fmt: skip
+                          planner=arms[arm], drift=drifts[arm], extra=extra, tag=f"{arm}-{rep}")  # fmt: skip
             runs[arm].append(row)
             report.add_result(
                 rep=rep, arm=arm, **{k: v for k, v in row.items() if k != "token_ids"}
@@ -146,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
         "slow_stage_blocks_after": blocks_on(final, args.slow_stage, num_layers),
         "adaptive_cut_trajectory": runs["adaptive"][-1]["cuts"],
     }  # fmt: skip
+    if args.steady:
+        summary["phi_effect"] = phi_effect(runs["noop"], runs["steady"], phi=args.phi,
+                                           slow_stage=args.slow_stage)  # fmt: skip
     report.add_result(**summary)
     ratio = med["adaptive"] / med["noop"]
     report.add_ratio("adaptive_over_noop_tpot", ratio)
