@@ -2,8 +2,8 @@
 
 Every run starts from the same weights (MiniLM + one random classifier head), sees the same
 microbatches in the same order with the same seed, and takes the same number of AdamW steps
-(full fine-tuning, one step per microbatch; the new classifier and the low-rank factors learn
-faster than the pre-trained weights, see `Study`). Owner and worker run their real schedulers
+(full fine-tuning, one step per microbatch, lr 1e-4 for every tensor; `Study` has separate
+rates for the classifier and the low-rank factors). Owner and worker run their real schedulers
 in two threads over loopback TCP (`splitlab.sft.loopback`); bytes per step are read from the owner's
 transport frame counters. Grid: the baseline (no low-rank cut) and R in {1, 8, 32} x split
 depth {lower: the front -> body cut after block 1, upper: the body -> tail cut after block 4,
@@ -74,8 +74,10 @@ class Study:
     batch_size: int
     ranks: tuple[int, ...]
     lr: float = 1e-4  # pre-trained weights (full fine-tuning)
-    head_lr: float = 2e-3  # the classifier head, new in every run
-    factor_lr: float = 1e-3  # the low-rank factors (V and U of the SVD) at the cut
+    # The classifier (new in every run) and the low-rank factors. Measured (README): 2e-3 and
+    # 1e-3 put the baseline at 0.709 (from 0.758) and lower/keep at R = 32 at the majority class.
+    head_lr: float = 1e-4
+    factor_lr: float = 1e-4
     seed: int = 0
 
 
