@@ -15,6 +15,10 @@ window's last one averages its gradients over the window's real count and steps 
     STAGE_END       first -> last   activation lane  count: the round's microbatches (processes
                                                      that do not know an owner's count wait
                                                      for this instead)
+    STAGE_VAL       first -> last   activation lane  as STAGE_FORWARD, forward only (eval, no
+                                                     graph), before STAGE_END
+    STAGE_VAL_RETURN last -> first  activation lane  loss, correct (classification): the owner
+                                                     aggregates them (`validate`)
 
     .venv/bin/pytest tests/equivalence/test_train_two_stage.py -q
 """
@@ -26,6 +30,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from splitlab.config.enums import TaskKind
 from splitlab.errors import ConfigError, NonFiniteError, ProtocolError, WaitTimeoutError
 from splitlab.models.families import INPUT_IDS, PAD_MASK
 from splitlab.models.parts import HIDDEN, Part
@@ -43,14 +48,19 @@ from splitlab.train.nodes import (
     partition_parameters,
     pick,
 )
+from splitlab.train.objective import num_targets
 from splitlab.train.protocol import PAD_MASK as WIRE_PAD_MASK
 from splitlab.train.protocol import owned
-from splitlab.wire.base import Priority, Transport
+from splitlab.train.validate import Metrics
+from splitlab.wire.base import Message, Priority, Transport
 from splitlab.wire.frame import Lane, Routing
 
 STAGE_FORWARD = "stage_forward"
 STAGE_BACKWARD = "stage_backward"
 STAGE_END = "stage_end"
+STAGE_VAL = "stage_val"
+STAGE_VAL_RETURN = "stage_val_return"
+CORRECT = "correct"
 LABELS = "labels"
 LOSS = "loss"
 COUNT = "count"
@@ -100,21 +110,63 @@ class FirstStage:
             timeout_s=self.timeout_s,
         ).wait(self.timeout_s)  # fmt: skip
 
+    def validate(self, batches: Sequence[Batch]) -> Metrics:
+        """Held-out metrics through the last stage (eval mode, no graphs), as `evaluate`'s."""
+        mode, adapter = self.part.training, self.part.adapter
+        self.part.eval()
+        losses: list[float] = []
+        samples = correct = targets = 0
+        token_loss = 0.0
+        try:
+            for index, batch in enumerate(batches):
+                with torch.no_grad():
+                    tensors = self._crossing(batch, f"validation batch {index}")
+                self.transport.send(
+                    self.last_stage, Lane.ACTIVATION, STAGE_VAL, tensors,
+                    routing=Routing(microbatch=index), timeout_s=self.timeout_s,
+                ).wait(self.timeout_s)  # fmt: skip
+                with self.transport.recv(
+                    Lane.ACTIVATION, timeout_s=self.timeout_s, peer_id=self.last_stage
+                ) as msg:
+                    if msg.kind != STAGE_VAL_RETURN or msg.routing.microbatch != index:
+                        raise ProtocolError(
+                            f"{msg.kind} from {msg.peer!r}, expected {STAGE_VAL_RETURN}"
+                        )
+                    loss, right = float(msg.tensors[LOSS]), int(msg.tensors[CORRECT])
+                losses.append(loss)
+                samples += int(batch[PAD_MASK].shape[0])
+                correct += right
+                count = num_targets(adapter, batch)
+                targets, token_loss = targets + count, token_loss + loss * count
+        finally:
+            self.part.train(mode)
+        mean = sum(losses) / len(losses) if losses else math.nan
+        if adapter.task is TaskKind.classification:
+            return Metrics(mean, samples, accuracy=correct / samples if samples else None)
+        return Metrics(
+            mean, samples, perplexity=math.exp(token_loss / targets) if targets else None
+        )
+
+    def _crossing(self, batch: Batch, what: str) -> dict[str, torch.Tensor]:
+        """The first stage's output on `batch`, with the padding mask and the labels."""
+        pad_mask = batch[PAD_MASK]
+        output = as_crossing(
+            self.part(batch[INPUT_IDS], pad_mask, positions_from_pad_mask(pad_mask))
+        )
+        for name, tensor in output.items():
+            check_finite_tensor(tensor, f"first-stage output of {what} ({name})")
+        return {**output, WIRE_PAD_MASK: pad_mask, LABELS: self.part.adapter.labels(batch)}
+
     def _window(self, window_id: int, first_id: int, chunk: Sequence[Batch]) -> list[float]:
         live: dict[int, dict[str, torch.Tensor]] = {}
-        adapter = self.part.adapter
         for offset, batch in enumerate(chunk):
             data_id = first_id + offset
-            pad_mask = batch[PAD_MASK]
-            output = as_crossing(
-                self.part(batch[INPUT_IDS], pad_mask, positions_from_pad_mask(pad_mask))
-            )
-            for name, tensor in output.items():
-                check_finite_tensor(tensor, f"first-stage output of microbatch {data_id} ({name})")
+            output = self._crossing(batch, f"microbatch {data_id}")
+            tensors = {n: t.detach() for n, t in output.items()}
+            for name in (WIRE_PAD_MASK, LABELS):
+                output.pop(name)
             live[data_id] = output  # the graph stays here; detached copies travel
             self.peak_live = max(self.peak_live, len(live))
-            tensors = {n: t.detach() for n, t in output.items()}
-            tensors.update({WIRE_PAD_MASK: pad_mask, LABELS: adapter.labels(batch)})
             self.transport.send(
                 self.last_stage, Lane.ACTIVATION, STAGE_FORWARD, tensors,
                 routing=Routing(window=window_id, microbatch=data_id), timeout_s=self.timeout_s,
@@ -185,6 +237,9 @@ class LastStage:
                 if msg.kind == STAGE_END and remaining.get(peer) == math.inf:
                     remaining[peer] = 0
                     continue
+                if msg.kind == STAGE_VAL and peer in remaining:
+                    self._answer_validation(msg)
+                    continue
                 if msg.kind != STAGE_FORWARD or remaining.get(peer, 0) < 1:
                     raise ProtocolError(f"unexpected {msg.kind} from {peer!r}")
                 received = {n: owned(msg, n) for n in msg.tensors}
@@ -198,6 +253,29 @@ class LastStage:
             losses[peer].append(value)
             self.emit("step", microbatch=routing.microbatch, stage="last", owner=peer)
         return losses
+
+    def _answer_validation(self, msg: Message) -> None:
+        received = {n: owned(msg, n) for n in msg.tensors}
+        what = f"validation batch {msg.routing.microbatch} from {msg.peer!r}"
+        inputs = pick(received, self.part.receives, what)
+        x = inputs if self.part.span.code_in is not None else inputs[HIDDEN]
+        pad_mask, labels = received[WIRE_PAD_MASK], received[LABELS]
+        mode, adapter = self.part.training, self.part.adapter
+        self.part.eval()
+        try:
+            with torch.no_grad():
+                logits = self.part(x, pad_mask, positions_from_pad_mask(pad_mask))
+                loss = adapter.loss(logits, labels)
+        finally:
+            self.part.train(mode)
+        correct = 0
+        if adapter.task is TaskKind.classification:
+            correct = int((logits.argmax(dim=-1) == labels.reshape(-1)).sum())
+        answer = {LOSS: loss.detach().reshape(1), CORRECT: torch.tensor([correct])}
+        self.transport.send(
+            msg.peer, Lane.ACTIVATION, STAGE_VAL_RETURN, answer, routing=msg.routing,
+            timeout_s=self.timeout_s,
+        ).wait(self.timeout_s)  # fmt: skip
 
     def _step(
         self, received: Mapping[str, torch.Tensor], data_id: int, peer: str

@@ -5,12 +5,13 @@ Owner i trains with worker i mod W. Per round (START .. UPDATE, as in U-shape) t
 its microbatches in windows of `control_count` live first-stage graphs (`FirstStage`, one
 step per window) and ends with STAGE_END; the worker serves every owner assigned to it until
 each one's STAGE_END (`LastStage`, one step per microbatch). FedAvg averages the first stages
-("owner" partitions) and the last stages ("body" partitions) separately. The owner's round
-record carries the training loss the last stage returns with each gradient; there is no
-held-out validation at the owner (the head lives at the worker), the launcher evaluates the
-merged checkpoint instead.
+("owner" partitions) and the last stages ("body" partitions) separately. Before STAGE_END the
+owner validates on its held-out batches through the last stage (forward only, eval; the last
+stage returns each batch's loss and correct count, never logits), so its round record has
+held-out loss and accuracy or perplexity like a U-shape owner's, plus the training loss the
+last stage returns with each gradient.
 
-    .venv/bin/pytest tests/integration/test_finetune_nodes.py -q
+    .venv/bin/pytest tests/integration/test_two_stage_nodes.py -q
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def run_stage(spec: NodeSpec, control: ControlEndpoint) -> None:
     exchange = node_exchange(spec)
     feed = owner_feed(spec, tokenizer[0] if tokenizer else None)
     fixed = load_batches(Path(spec.data_path)) if spec.data_path else []
+    fixed_val = load_batches(Path(spec.val_path)) if spec.val_path else []
     peers = stage_peers(spec)
     tracer = node_tracer(spec)
     transport: Transport | None = None
@@ -87,9 +89,19 @@ def run_stage(spec: NodeSpec, control: ControlEndpoint) -> None:
             stage.peak_live = 0
             batches = feed.round_batches(start.round_id) if feed is not None else fixed
             losses = stage.run(batches, first_window=int(start.plan["first_window"]))
+            metrics: dict[str, Any] = {}
+            val = feed.val_batches(start.round_id) if feed is not None and spec.validate else []
+            val = val or fixed_val
+            if val:  # local metrics before FedAvg, through the last stage (it has the head)
+                result = stage.validate(val)
+                tracer.emit("validation", round=start.round_id, worker=peers[0], **result.to_dict())
+                metrics.update(
+                    loss=result.loss, accuracy=result.accuracy, perplexity=result.perplexity,
+                    val_samples=result.num_samples,
+                )  # fmt: skip
             stage.end_round(len(batches))
             samples = sum(int(b[INPUT_IDS].shape[0]) for b in batches)
-            return RoundResult(samples, stage.peak_live, losses)
+            return RoundResult(samples, stage.peak_live, losses, metrics)
 
         if first is not None:
             run_rounds(

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from splitlab.analysis.report import analyze_run
 from splitlab.cli import compose_config
 from splitlab.launch.train import checkpoint_model, run_finetune
 from splitlab.train.checkpoint import latest_checkpoint
@@ -52,6 +53,7 @@ def test_two_stage_trains_across_processes(tmp_path: Path, sft: bool) -> None:
     rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
     assert [(r["round"], r["owner"], r["samples"]) for r in rows] == [("0", "owner0", "12")]
     assert float(rows[0]["train_loss"]) > 0 and int(rows[0]["bytes"]) > 0
+    assert float(rows[0]["loss"]) > 0 and 0 <= float(rows[0]["accuracy"]) <= 1  # via the last stage
     checkpoint = latest_checkpoint(run_dir / "checkpoints")
     assert checkpoint is not None and checkpoint.round_id == 0
     model, _ = checkpoint_model(cfg)
@@ -66,3 +68,4 @@ def test_two_stage_trains_across_processes(tmp_path: Path, sft: bool) -> None:
     weights = {r["node"]: r["weight"] for r in records(run_dir, "coordinator-0", "fedavg")}
     assert weights == {"owner0": 12, "worker0": 12}
     assert (run_dir / "final_metrics.json").exists()
+    assert "training_rounds" in analyze_run(run_dir).figures  # task=analyze reads the folder
