@@ -169,6 +169,7 @@ class Plan(Message):
 
     KIND = Kind.PLAN
     counts_by_worker: dict[str, int]
+    num_targets: int = 0  # this owner's loss targets in the window (token-weighted objective)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,6 +179,7 @@ class Open(Message):
     KIND = Kind.OPEN
     group_total: int
     credit: int
+    group_targets: int = 0  # sum of the PLANs' num_targets (token-weighted objective)
 
 
 @dataclass(frozen=True, kw_only=True)

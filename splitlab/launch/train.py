@@ -23,6 +23,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import secrets
 import sys
 import time
@@ -118,6 +119,7 @@ def node_spec(
         shape.update(
             tail_blocks=arch.tail_blocks, max_inflight=arch.max_inflight,
             worker_max_inflight=arch.worker_max_inflight, adaptive_weights=arch.adaptive_weights,
+            objective=arch.objective.value,
         )  # fmt: skip
     return NodeSpec(
         role=role, name=names[role][rank], rank=rank, session=session, owners=owners,
@@ -269,6 +271,20 @@ def evaluate_checkpoint(cfg: Config, run_dir: Path) -> dict[str, Any] | None:
     return {"round": checkpoint.round_id, **metrics.to_dict()}
 
 
+def thread_env(num_nodes: int) -> dict[str, str]:
+    """OpenMP settings for `num_nodes` training processes sharing this host's cores.
+
+    Each node gets cpu_count // num_nodes intra-op threads (at least 1) and idle threads sleep
+    (`stage_env`). With the defaults every node spins a thread per core: on 2 cores the 1x1
+    bench burned 7-9x the CPU per sample under load (tools/bench_ushape.py `cpu_ms_per_sample`).
+    A user's own OMP_NUM_THREADS / OMP_WAIT_POLICY win.
+    """
+    from splitlab.launch.ring import stage_env
+
+    threads = max(1, (os.cpu_count() or 1) // max(1, num_nodes))
+    return {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(threads)), **stage_env()}
+
+
 def run_finetune(cfg: Config) -> int:
     """The `task=finetune` runner: every node as a local process; returns the exit code."""
     _check(cfg)
@@ -283,6 +299,7 @@ def run_finetune(cfg: Config) -> int:
     env: dict[str, str] = {
         "PYTHONUNBUFFERED": "1", "TRANSFORMERS_VERBOSITY": "error",
         "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1",
+        **thread_env(len(specs) - 1),  # the coordinator only averages
     }  # fmt: skip
     if ControlName(cfg.control.name) is ControlName.embedded:
         from splitlab.control.embedded import EmbeddedBusServer

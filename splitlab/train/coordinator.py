@@ -211,13 +211,18 @@ class Coordinator:
 # --- the node side ------------------------------------------------------------------------------
 
 
-Idle = Callable[[], object]  # a waiting node's work between control polls (e.g. validation)
+Idle = Callable[[], object]  # a waiting node's work between control polls (e.g. validation);
+# a truthy return means it did some (served a request): that is progress, the wait restarts
 
 
 def _wait(
     control: ControlEndpoint, kinds: tuple[Kind, ...], timeout_s: float, idle: Idle | None
 ) -> Message:
-    """`control.wait_for`, calling `idle` (which blocks briefly) between polls."""
+    """`control.wait_for`, calling `idle` (which blocks briefly) between polls.
+
+    Work `idle` reports (a truthy return) restarts the `timeout_s` clock: a worker serving the
+    owners' held-out batches under load is making progress, not waiting on a lost peer.
+    """
     if idle is None:
         return control.wait_for(kinds, timeout_s)
     deadline = time.monotonic() + timeout_s
@@ -230,7 +235,8 @@ def _wait(
         if time.monotonic() > deadline:
             names = ", ".join(k.value for k in kinds)
             raise WaitTimeoutError(f"{control.node_id!r} waited {timeout_s:.1f} s for {names}")
-        idle()
+        if idle():
+            deadline = time.monotonic() + timeout_s
 
 
 def wait_start(

@@ -95,6 +95,7 @@ class NodeSpec:
     sft: dict[str, Any] | None = None  # SftConfig fields: the low-rank cut(s); None = none
     architecture: str = "u_shape"  # u_shape (front/body/tail) or two_stage (first/last)
     control_count: int = 1  # two_stage: first-stage microbatches per window (one step each)
+    objective: str = "mean_of_means"  # u_shape: how microbatch losses combine (config.enums)
 
     @classmethod
     def from_json(cls, text: str) -> NodeSpec:

@@ -23,12 +23,10 @@ equal batch sizes, or fixed-length LM batches without padding).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import fields
 
 import torch
 
 from splitlab.config.enums import Objective, TaskKind
-from splitlab.control.messages import Open, Plan
 from splitlab.models.families import FamilyAdapter
 from splitlab.models.tokens import IGNORE_INDEX
 
@@ -71,11 +69,3 @@ def loss_scale(
     if group_targets < 1 or not 0 <= num_targets <= group_targets:
         raise ValueError(f"num_targets={num_targets} of group_targets={group_targets}")
     return num_targets / group_targets
-
-
-def target_counts_on_the_bus() -> bool:
-    """Whether PLAN and OPEN carry target counts (`Plan.num_targets`, `Open.group_targets`),
-    which the networked schedulers need for `token_weighted`."""
-    return "num_targets" in {f.name for f in fields(Plan)} and "group_targets" in {
-        f.name for f in fields(Open)
-    }

@@ -28,11 +28,11 @@ import torch
 from splitlab.config.enums import Objective
 from splitlab.control.endpoint import ControlEndpoint
 from splitlab.control.messages import Commit, Drained, Kind, Open, Plan
-from splitlab.errors import ConfigError, ProtocolError
+from splitlab.errors import ProtocolError
 from splitlab.models.families import PAD_MASK as ATTENTION_MASK
 from splitlab.train.engine import Emit
 from splitlab.train.nodes import Batch, OwnerNode, clip_and_step
-from splitlab.train.objective import loss_scale, num_targets, target_counts_on_the_bus
+from splitlab.train.objective import loss_scale, num_targets
 from splitlab.train.phases import PhaseTimes
 from splitlab.train.protocol import (
     BODY_BACKWARD,
@@ -89,12 +89,6 @@ class OwnerScheduler:
         emit: Emit | None = None,
     ) -> None:
         self.objective = Objective(settings.objective)
-        if self.objective is Objective.token_weighted and not target_counts_on_the_bus():
-            raise ConfigError(
-                "architecture.objective=token_weighted needs target counts on the control bus "
-                "(Plan.num_targets, Open.group_targets), which this build's messages lack; "
-                "use mean_of_means"
-            )
         self.node, self.transport, self.control = node, transport, control
         self.workers = list(workers)
         self.weights, self.settings = weights, settings
@@ -120,12 +114,10 @@ class OwnerScheduler:
         assignment = self.wrr.assign(len(batches))
         counts = planned_counts(assignment, self.workers)
         targets = [0] * len(batches)
-        extra = {}
         if self.objective is Objective.token_weighted:  # this owner's terms of the objective
             targets = [num_targets(self.node.tail.adapter, b) for b in batches]
-            extra = {"num_targets": sum(targets)}
         plan = Plan(session_id=ctl.session, sender=me, window_id=window_id,
-                    counts_by_worker=counts, **extra)  # fmt: skip
+                    counts_by_worker=counts, num_targets=sum(targets))  # fmt: skip
         with phase("open_wait"):
             ctl.send_all(self.workers, plan)
             self.emit("plan", window=window_id, owner=me, counts_by_worker=counts)

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from splitlab.config.enums import Objective
 from splitlab.control.endpoint import ControlEndpoint
 from splitlab.control.messages import Start
 from splitlab.errors import ConfigError, ExitCode, SplitlabError
@@ -131,7 +132,10 @@ def _run_member(spec: NodeSpec, control: ControlEndpoint) -> None:
     exchange = node_exchange(spec)
     feed = owner_feed(spec, tokenizer[0] if tokenizer else None)
     settings = SchedulerSettings(
-        max_inflight=spec.max_inflight, clip_grad_norm=spec.clip_grad_norm, timeout_s=spec.timeout_s
+        max_inflight=spec.max_inflight,
+        clip_grad_norm=spec.clip_grad_norm,
+        timeout_s=spec.timeout_s,
+        objective=Objective(spec.objective),
     )
     tracer = node_tracer(spec)
     transport: Transport | None = None

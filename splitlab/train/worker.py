@@ -28,7 +28,6 @@ from splitlab.control.messages import Commit, Drained, Kind, Open, Plan
 from splitlab.errors import ProtocolError
 from splitlab.train.engine import Emit
 from splitlab.train.nodes import WorkerNode, clip_and_step
-from splitlab.train.objective import target_counts_on_the_bus
 from splitlab.train.owner import SchedulerSettings
 from splitlab.train.phases import PhaseTimes
 from splitlab.train.protocol import (
@@ -94,12 +93,11 @@ class WorkerScheduler:
         expected = {owner: int(plan.counts_by_worker.get(me, 0)) for owner, plan in plans.items()}
         planned_by_owner = {o: sum(p.counts_by_worker.values()) for o, p in plans.items()}
         group_total = sum(planned_by_owner.values())
-        extra = {}
-        if target_counts_on_the_bus():  # the token-weighted objective's denominator
-            extra = {"group_targets": sum(getattr(p, "num_targets", 0) for p in plans.values())}
+        group_targets = sum(p.num_targets for p in plans.values())  # token-weighted denominator
         self.node.start_window()
         opened = Open(session_id=ctl.session, sender=me, window_id=window_id,
-                      group_total=group_total, credit=self.credit, **extra)  # fmt: skip
+                      group_total=group_total, credit=self.credit,
+                      group_targets=group_targets)  # fmt: skip
         ctl.send_all(self.owners, opened)
         self.emit("open", window=window_id, worker=me, group_total=group_total, credit=self.credit)
         total = sum(expected.values())

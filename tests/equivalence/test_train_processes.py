@@ -166,7 +166,12 @@ def test_a_vanished_worker_times_the_owner_out_naming_it(tmp_path: Path) -> None
     # ways) has its own allowance, so a loaded machine cannot time the start-up out instead
     ended = run_each(
         specs(
-            tmp_path, "gpt2", data, ["w0"], {"num_windows": 1}, timeout_s=3.0,
+            tmp_path,
+            "gpt2",
+            data,
+            ["w0"],
+            {"num_windows": 1},
+            timeout_s=3.0,
             startup_timeout_s=120.0,
         )  # fmt: skip
     )

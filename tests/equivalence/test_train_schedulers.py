@@ -36,7 +36,6 @@ from splitlab.errors import AbortedError, NonFiniteError
 from splitlab.models.parts import build_parts
 from splitlab.models.plan import u_shape_plan
 from splitlab.train.nodes import OwnerNode, WorkerNode, partition_parameters
-from splitlab.train.objective import target_counts_on_the_bus
 from splitlab.train.owner import OwnerScheduler, SchedulerSettings
 from splitlab.train.window import effective_credit, round_schedule
 from splitlab.train.worker import WorkerScheduler
@@ -190,9 +189,6 @@ def test_one_owner_one_worker_matches_unsplit_over_the_transport(
     assert_same_parameters(ref, split_model(group))
 
 
-@pytest.mark.skipif(
-    not target_counts_on_the_bus(), reason="needs Plan.num_targets and Open.group_targets"
-)
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_token_weighted_objective_over_tcp_matches_the_unsplit_token_sum(family: str) -> None:
     base = tiny_model(family)

@@ -134,7 +134,9 @@ def test_sigkill_worker_mid_window_then_resume(tmp_path: Path) -> None:
         for c in children
     }
     try:
-        deadline = time.monotonic() + 600  # a bound on waiting (a loaded 2-core machine), not a speed check
+        deadline = (
+            time.monotonic() + 600
+        )  # a bound on waiting (a loaded 2-core machine), not a speed check
         while not completed_rounds(run_dir / "checkpoints"):  # round 0 is on disk
             assert time.monotonic() < deadline, "round 0 never finished"
             time.sleep(0.05)
