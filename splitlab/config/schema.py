@@ -246,9 +246,11 @@ class DataConfig:
     labels: list[str] = field(default_factory=list)  # class names in id order; [] = infer
     max_length: int = 64  # tokens per sequence (truncate)
     samples_per_owner: int = 512  # training examples per owner
-    val_samples: int = 256  # held-out examples (shared by all owners)
+    val_samples: int = 256  # held-out examples (shared by all owners), validated every round
+    test_samples: int = 0  # examples kept apart for the run's final evaluation; 0 = use val
     distribution: DataDistribution = DataDistribution.dirichlet  # iid or dirichlet (non-IID)
     alpha: float = 0.5  # Dirichlet concentration (small = skewed)
+    keep_global_mix: bool = True  # dirichlet: owners together keep the pool's class mix
     refresh_each_round: bool = False  # draw a fresh split every round
     bucket_by_length: bool = True  # microbatches group similar lengths
     seed: int = 1  # data split seed (independent of task.seed)

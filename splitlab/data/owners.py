@@ -22,7 +22,7 @@ from splitlab.config.enums import DataDistribution, DataSource, TaskKind
 from splitlab.config.schema import DataConfig
 from splitlab.data.buckets import bucket_batches
 from splitlab.data.sources import Examples, load_examples
-from splitlab.data.split import dirichlet_split, holdout_split, iid_split, round_seed
+from splitlab.data.split import dirichlet_split, holdout_sets, iid_split, round_seed
 from splitlab.data.tokenize import Encoded, collate, encode, ensure_pad_token
 from splitlab.errors import ConfigError
 
@@ -33,7 +33,7 @@ GENERATOR_SPARE = 2  # generators make this many times the owners' need, so skew
 class Shard:
     """One owner's (or the held-out) tokenised examples."""
 
-    name: str  # "owner0", "owner1", ..., or "val"
+    name: str  # "owner0", "owner1", ..., "val" or "test"
     example_ids: list[int]  # indices into the loaded source (disjoint across shards)
     encoded: Encoded  # unpadded token ids (+ class ids)
     pad_id: int  # the tokenizer's pad id (GPT-2: EOS)
@@ -83,11 +83,11 @@ def build_owner_datasets(
         round_index: the training round; changes the split only when `cfg.refresh_each_round`.
     """
     task = TaskKind(cfg.task)
-    wanted = cfg.val_samples + num_owners * cfg.samples_per_owner
+    wanted = cfg.val_samples + cfg.test_samples + num_owners * cfg.samples_per_owner
     if DataSource(cfg.source) is DataSource.generator:
         wanted *= GENERATOR_SPARE
     examples = load_examples(cfg, num_wanted=wanted)
-    owner_ids, val_ids = split_examples(
+    owner_ids, val_ids, _ = split_examples(
         examples, cfg, num_owners=num_owners, round_index=round_index
     )
     pad_id = ensure_pad_token(tokenizer)
@@ -100,22 +100,41 @@ def build_owner_datasets(
     return owners, shard("val", val_ids)
 
 
+def build_test_shard(cfg: DataConfig, tokenizer: Any, *, num_owners: int) -> Shard | None:
+    """The `data.test_samples` examples no owner trains on and no round validates on (the
+    final evaluation of a run); None when `test_samples` is 0."""
+    if cfg.test_samples <= 0:
+        return None
+    wanted = cfg.val_samples + cfg.test_samples + num_owners * cfg.samples_per_owner
+    if DataSource(cfg.source) is DataSource.generator:
+        wanted *= GENERATOR_SPARE
+    examples = load_examples(cfg, num_wanted=wanted)
+    _, _, test_ids = split_examples(examples, cfg, num_owners=num_owners)
+    pad_id = ensure_pad_token(tokenizer)
+    encoded = encode(
+        examples, test_ids, tokenizer, task=TaskKind(cfg.task), max_length=cfg.max_length
+    )
+    return Shard("test", test_ids, encoded, pad_id, TaskKind(cfg.task), list(examples.label_names))
+
+
 def split_examples(
     examples: Examples, cfg: DataConfig, *, num_owners: int, round_index: int = 0
-) -> tuple[list[list[int]], list[int]]:
-    """Example indices per owner and held out, as `build_owner_datasets` uses them."""
-    if cfg.val_samples < 0 or cfg.samples_per_owner < 1 or num_owners < 1:
+) -> tuple[list[list[int]], list[int], list[int]]:
+    """Example indices per owner, validated on each round, and tested on at the end."""
+    if min(cfg.val_samples, cfg.test_samples) < 0 or cfg.samples_per_owner < 1 or num_owners < 1:
         raise ConfigError(
-            f"need data.val_samples >= 0, data.samples_per_owner >= 1 and >= 1 owner; got "
-            f"{cfg.val_samples}, {cfg.samples_per_owner}, {num_owners}"
+            f"need data.val_samples >= 0, data.test_samples >= 0, data.samples_per_owner >= 1 "
+            f"and >= 1 owner; got {cfg.val_samples}, {cfg.test_samples}, "
+            f"{cfg.samples_per_owner}, {num_owners}"
         )
-    need = cfg.val_samples + num_owners * cfg.samples_per_owner
+    need = cfg.val_samples + cfg.test_samples + num_owners * cfg.samples_per_owner
     if need > len(examples):
         raise ConfigError(
             f"data {cfg.name!r} has {len(examples)} examples; data.val_samples={cfg.val_samples} "
-            f"+ {num_owners} owners x data.samples_per_owner={cfg.samples_per_owner} = {need}"
+            f"+ data.test_samples={cfg.test_samples} + {num_owners} owners x "
+            f"data.samples_per_owner={cfg.samples_per_owner} = {need}"
         )
-    val, rest = holdout_split(len(examples), cfg.val_samples, cfg.seed)
+    (val, test), rest = holdout_sets(len(examples), [cfg.val_samples, cfg.test_samples], cfg.seed)
     seed = round_seed(cfg.seed, round_index if cfg.refresh_each_round else 0)
     if DataDistribution(cfg.distribution) is DataDistribution.iid:
         positions = iid_split(len(rest), num_owners, cfg.samples_per_owner, seed)
@@ -126,8 +145,11 @@ def split_examples(
                 "set data.distribution=iid"
             )
         strata = [examples.strata[i] for i in rest]
-        positions = dirichlet_split(strata, num_owners, cfg.alpha, cfg.samples_per_owner, seed)
-    return [[rest[p] for p in owner] for owner in positions], val
+        positions = dirichlet_split(
+            strata, num_owners, cfg.alpha, cfg.samples_per_owner, seed,
+            keep_global_mix=cfg.keep_global_mix,
+        )  # fmt: skip
+    return [[rest[p] for p in owner] for owner in positions], val, test
 
 
 def main() -> None:

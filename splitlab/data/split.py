@@ -23,10 +23,22 @@ def round_seed(seed: int, round_index: int) -> int:
 
 def holdout_split(num_examples: int, num_held_out: int, seed: int) -> tuple[list[int], list[int]]:
     """Seeded (held-out, rest) positions; the held-out set depends on the seed alone."""
-    if not 0 <= num_held_out <= num_examples:
-        raise ValueError(f"cannot hold out {num_held_out} of {num_examples} examples")
+    (held,), rest = holdout_sets(num_examples, [num_held_out], seed)
+    return held, rest
+
+
+def holdout_sets(
+    num_examples: int, sizes: list[int], seed: int
+) -> tuple[list[list[int]], list[int]]:
+    """Seeded disjoint held-out position sets of `sizes`, and the rest. Each set depends on the
+    seed and the sizes before it alone, so adding a later set never moves an earlier one."""
+    total = sum(sizes)
+    if min(sizes, default=0) < 0 or total > num_examples:
+        raise ValueError(f"cannot hold out {sizes} of {num_examples} examples")
     order = np.random.default_rng([seed, 0x5EED]).permutation(num_examples)
-    return sorted(order[:num_held_out].tolist()), sorted(order[num_held_out:].tolist())
+    bounds = np.cumsum([0, *sizes])
+    held = [sorted(order[a:b].tolist()) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    return held, sorted(order[total:].tolist())
 
 
 def iid_split(
@@ -42,13 +54,23 @@ def iid_split(
 
 
 def dirichlet_split(
-    labels: Sequence[int], num_owners: int, alpha: float, samples_per_owner: int, seed: int
+    labels: Sequence[int],
+    num_owners: int,
+    alpha: float,
+    samples_per_owner: int,
+    seed: int,
+    *,
+    keep_global_mix: bool = False,
 ) -> list[list[int]]:
     """Disjoint label-skewed shards of `samples_per_owner` positions each.
 
     Each owner draws its class mix p ~ Dirichlet(alpha * K * q) and then class counts
     ~ Multinomial(samples_per_owner, p). A class that runs out hands its shortfall to the classes
     that still have examples, in proportion to p (or to what is left when p puts no mass there).
+    With `keep_global_mix` the drawn mixes are rebalanced (`rebalance_mixes`) so that the owners
+    together hold the pool's mix q: owners still differ as much (the same odds ratios between
+    them), but few owners no longer make the union lopsided (2 owners at alpha 0.5 drew 97%
+    of one class together for some seeds, a dataset shift no federated method can undo).
 
     Args:
         labels: the class (or stratum) of every position in the pool.
@@ -65,13 +87,28 @@ def dirichlet_split(
     classes, counts = np.unique(labels_arr, return_counts=True)
     pools = [rng.permutation(np.flatnonzero(labels_arr == c)).tolist() for c in classes]
     concentration = alpha * len(classes) * counts / counts.sum()
+    drawn = None  # rebalanced mixes are drawn up front; otherwise each owner draws in turn
+    if keep_global_mix:
+        mixes = np.stack([rng.dirichlet(concentration) for _ in range(num_owners)])
+        drawn = iter(rebalance_mixes(mixes, counts / counts.sum()))
     shards: list[list[int]] = []
     for _ in range(num_owners):
-        mix = rng.dirichlet(concentration)
+        mix = next(drawn) if drawn is not None else rng.dirichlet(concentration)
         want = rng.multinomial(samples_per_owner, mix)
         taken = _take(pools, want, mix, rng)
         shards.append(rng.permutation(taken).tolist())
     return shards
+
+
+def rebalance_mixes(mixes: np.ndarray, target: np.ndarray, iterations: int = 200) -> np.ndarray:
+    """Owner x class mixes whose rows sum to 1 and whose column means equal `target`, by
+    iterative proportional fitting (alternately scale columns to the target and rows to 1),
+    which keeps every odds ratio between owners and classes of the drawn `mixes`."""
+    fitted = np.clip(np.asarray(mixes, dtype=np.float64), 1e-12, None)
+    for _ in range(iterations):
+        fitted *= target / fitted.mean(axis=0)
+        fitted /= fitted.sum(axis=1, keepdims=True)
+    return fitted
 
 
 def label_proportions(labels: Sequence[int], num_classes: int) -> np.ndarray:

@@ -251,8 +251,9 @@ def partition_plan(cfg: Config) -> Any:
 
 
 def evaluate_checkpoint(cfg: Config, run_dir: Path) -> dict[str, Any] | None:
-    """The last merged checkpoint on the held-out split, unsplit, in this process."""
-    from splitlab.data.owners import build_owner_datasets
+    """The last merged checkpoint, unsplit, in this process, on `data.test_samples` examples
+    nobody trained or validated on (or, when that is 0, on the per-round held-out split)."""
+    from splitlab.data.owners import build_owner_datasets, build_test_shard
     from splitlab.models.parts import build_parts
     from splitlab.train.checkpoint import latest_checkpoint
     from splitlab.train.validate import evaluate, part_chain
@@ -263,12 +264,15 @@ def evaluate_checkpoint(cfg: Config, run_dir: Path) -> dict[str, Any] | None:
     model, tokenizer = checkpoint_model(cfg)
     model.load_state_dict(checkpoint.state, strict=True)
     parts = build_parts(model, partition_plan(cfg))  # the decomposed FFNs run inside their blocks
-    _, val = build_owner_datasets(
-        cfg.data, tokenizer, num_owners=cfg.architecture.owners, round_index=checkpoint.round_id
-    )
-    batches = val.batches(cfg.finetune.batch_size, seed=0)
+    held = build_test_shard(cfg.data, tokenizer, num_owners=cfg.architecture.owners)
+    if held is None:
+        _, held = build_owner_datasets(
+            cfg.data, tokenizer, num_owners=cfg.architecture.owners, round_index=checkpoint.round_id
+        )
+    batches = held.batches(cfg.finetune.batch_size, seed=0)
     metrics = evaluate(part_chain(parts), parts[-1].adapter, batches)
-    return {"round": checkpoint.round_id, **metrics.to_dict()}
+    return {"round": checkpoint.round_id, "split": held.name, "samples": len(held),
+            **metrics.to_dict()}  # fmt: skip
 
 
 def thread_env(num_nodes: int) -> dict[str, str]:
@@ -333,8 +337,9 @@ def run_finetune(cfg: Config) -> int:
         if final is not None:
             (run_dir / "final_metrics.json").write_text(json.dumps(final, indent=1))
             log.info(
-                "merged model after round %d on the held-out split: loss %.4f, accuracy %s",
-                final["round"], final["val_loss"], final["val_accuracy"],
+                "merged model after round %d on the %s split (%d examples): loss %.4f, accuracy %s",
+                final["round"], final["split"], final["samples"], final["val_loss"],
+                final["val_accuracy"],
             )  # fmt: skip
     where = checkpoint_dir(cfg, run_dir)
     log.info(

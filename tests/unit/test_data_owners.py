@@ -13,7 +13,7 @@ from data_helpers import file_data_config, sentiment_frame, word_tokenizer, writ
 
 from splitlab.config.enums import DataDistribution, DataSource, TaskKind
 from splitlab.config.schema import DataConfig
-from splitlab.data.owners import build_owner_datasets
+from splitlab.data.owners import build_owner_datasets, build_test_shard
 from splitlab.errors import ConfigError
 
 
@@ -39,6 +39,16 @@ def test_shards_are_disjoint_and_sized(csv_path: Path) -> None:
     flat = [i for g in groups for i in g]
     assert [len(g) for g in groups] == [40, 40, 40, 30]
     assert len(flat) == len(set(flat))
+
+
+def test_test_set_is_apart_from_owners_and_validation_and_keeps_validation(csv_path: Path) -> None:
+    cfg = _cfg(csv_path, test_samples=25)
+    groups = _ids(cfg)
+    test = build_test_shard(cfg, word_tokenizer(), num_owners=3)
+    assert test is not None and test.name == "test" and len(test) == 25
+    assert not set(test.example_ids) & {i for g in groups for i in g}
+    assert groups[3] == _ids(_cfg(csv_path))[3]  # adding a test set never moves validation
+    assert build_test_shard(_cfg(csv_path), word_tokenizer(), num_owners=3) is None
 
 
 @pytest.mark.parametrize("distribution", list(DataDistribution))

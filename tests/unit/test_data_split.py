@@ -12,9 +12,11 @@ from hypothesis import strategies as st
 
 from splitlab.data.split import (
     dirichlet_split,
+    holdout_sets,
     holdout_split,
     iid_split,
     label_proportions,
+    rebalance_mixes,
     round_seed,
 )
 
@@ -50,6 +52,27 @@ def test_dirichlet_approaches_global_proportions_as_alpha_grows() -> None:
     assert gaps == sorted(gaps, reverse=True)
     assert gaps[0] > 0.3  # small alpha: owners are far from the global mix
     assert gaps[-1] < 0.06  # large alpha: every owner is close to 70/20/10
+
+
+def test_keep_global_mix_keeps_the_union_at_the_pool_mix_and_owners_apart() -> None:
+    for seed in range(5):
+        shards = dirichlet_split(LABELS, 2, 0.5, 500, seed=seed, keep_global_mix=True)
+        union = label_proportions([LABELS[i] for s in shards for i in s], 3)
+        assert np.abs(union - GLOBAL).max() < 0.05
+    gaps = [
+        _max_gap(dirichlet_split(LABELS, 8, 0.1, 200, seed=s, keep_global_mix=True))
+        for s in range(5)
+    ]
+    assert np.mean(gaps) > 0.3  # still non-IID: owners far from the global mix
+
+
+def test_rebalance_mixes_fits_rows_and_column_means() -> None:
+    mixes = np.array([[0.9, 0.1], [0.8, 0.2]])
+    fitted = rebalance_mixes(mixes, np.array([0.5, 0.5]))
+    np.testing.assert_allclose(fitted.sum(axis=1), 1.0)
+    np.testing.assert_allclose(fitted.mean(axis=0), [0.5, 0.5], atol=1e-6)
+    odds = lambda m: (m[0, 0] * m[1, 1]) / (m[0, 1] * m[1, 0])  # noqa: E731
+    assert odds(fitted) == pytest.approx(odds(mixes))
 
 
 def test_dirichlet_small_alpha_concentrates_owners_on_few_classes() -> None:
@@ -118,6 +141,15 @@ def test_holdout_is_disjoint_complete_and_seeded() -> None:
     assert sorted(held + rest) == list(range(100))
     assert holdout_split(100, 20, seed=5) == (held, rest)
     assert holdout_split(100, 20, seed=6)[0] != held
+
+
+def test_holdout_sets_are_disjoint_and_an_added_set_moves_no_earlier_one() -> None:
+    (val, test), rest = holdout_sets(100, [20, 15], seed=5)
+    assert (len(val), len(test)) == (20, 15)
+    assert sorted(val + test + rest) == list(range(100))
+    assert val == holdout_split(100, 20, seed=5)[0]
+    with pytest.raises(ValueError, match="cannot hold out"):
+        holdout_sets(10, [6, 5], seed=0)
 
 
 def test_round_seeds_differ_across_rounds_and_repeat() -> None:
