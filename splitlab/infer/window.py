@@ -23,7 +23,7 @@ kv_bytes, kv_bytes_per_block_token, release_ms). Release (dropping the detached 
 empty_cache) runs after the stage's next send, while it would otherwise wait on the ring, and is
 reported on its own.
 
-    .venv/bin/pytest tests/integration/test_barrier_tcp.py -q
+    .venv/bin/pytest tests/integration/test_barrier_control_plane.py -q
 """
 
 from __future__ import annotations
