@@ -5,7 +5,7 @@
     .venv/bin/pytest tests/integration/test_sweep_multirun.py -q
 
 Each job folder (`SWEEP/<n>/`, Hydra's `hydra.sweep.subdir`) holds `.hydra/overrides.yaml` and
-`traces/`. `sweep_table` reads them into one frame (columns: `job`, `status`, one per override
+`traces/` (and, for fine-tuning jobs, `final_metrics.json`). `sweep_table` reads them into one frame (columns: `job`, `status`, one per override
 key, then every key figure of `splitlab.analysis.summary.key_figures`); `write_aggregate` writes
 SWEEP/sweep.csv and SWEEP/sweep.png (the first metric the jobs hold, against the first override
 that varies, a line per value of the second). A job without traces is a row with its status and
@@ -14,6 +14,7 @@ no figures, never a dropped row.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +27,8 @@ from splitlab.analysis.traces import load_traces
 
 # The y axis when none is asked for: the first of these the jobs hold.
 DEFAULT_METRICS: tuple[str, ...] = (
-    "tpot_ms_median", "final_accuracy", "final_loss", "fwd_ms_median", "transport_bytes_sent",
+    "tpot_ms_median", "test_accuracy", "final_accuracy", "final_loss", "fwd_ms_median",
+    "transport_bytes_sent",
 )  # fmt: skip
 
 
@@ -56,8 +58,19 @@ def job_row(job_dir: Path) -> dict[str, object]:
         frame = load_traces(job_dir)
     except FileNotFoundError:
         return {**row, "status": "no traces"}
-    figures = key_figures(frame)
+    figures = {**key_figures(frame), **final_figures(job_dir)}
     return {**row, "status": "ok" if figures else "no figures", **figures}
+
+
+def final_figures(job_dir: Path) -> dict[str, object]:
+    """A fine-tuning job's merged-model evaluation (`final_metrics.json`: the launcher's test
+    split) as `test_loss` / `test_accuracy`; `final_accuracy` from the traces is the owners'
+    local models before the last FedAvg, which non-IID owners bias toward their own classes."""
+    path = job_dir / "final_metrics.json"
+    if not path.is_file():
+        return {}
+    final = json.loads(path.read_text())
+    return {"test_loss": final.get("val_loss"), "test_accuracy": final.get("val_accuracy")}
 
 
 def sweep_table(sweep_dir: str | Path) -> pd.DataFrame:

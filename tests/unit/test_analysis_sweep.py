@@ -6,6 +6,7 @@ a row, the plot picks the varying override and the first metric the jobs hold.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -44,6 +45,16 @@ def test_aggregate_writes_csv_and_plot_of_the_varying_override(tmp_path: Path) -
     assert result.x == "finetune.sft.rank" and result.y == "tpot_ms_median"
     assert result.plot is not None and result.plot.is_file()
     assert len(pd.read_csv(result.csv)) == 3
+
+
+def test_fine_tuning_jobs_report_the_merged_models_test_accuracy(tmp_path: Path) -> None:
+    for n in range(2):
+        _job(tmp_path, n, [f"data.alpha={n + 1}"])
+    final = {"round": 5, "split": "test", "val_loss": 0.41, "val_accuracy": 0.8}
+    (tmp_path / "1" / "final_metrics.json").write_text(json.dumps(final))
+    table = sweep_table(tmp_path)
+    assert table["test_accuracy"].tolist()[1] == 0.8
+    assert pd.isna(table["test_accuracy"].tolist()[0])
 
 
 def test_empty_sweep_folder_is_named(tmp_path: Path) -> None:
