@@ -74,12 +74,7 @@ class TwoStageEngine:
     ) -> None:
         if control_count < 1:
             raise ConfigError(f"architecture.control_count={control_count}: must be >= 1")
-        shared = {id(p) for p in first.parameters()} & {id(p) for p in last.parameters()}
-        if shared:
-            raise ConfigError(
-                "two-stage stages share a parameter (tied embedding and head): untie it "
-                "(model.config.tie_word_embeddings=False) before splitting"
-            )
+        check_untied(first, last)
         self.first, self.last = first, last
         self.first_optimizer, self.last_optimizer = first_optimizer, last_optimizer
         self.control_count = control_count
@@ -150,3 +145,17 @@ class TwoStageEngine:
         loss.backward()
         clip_and_step(self.last_params, self.last_optimizer, self.clip_grad_norm)
         return leaf_grads(inputs, f"last-stage gradient of microbatch {data_id}"), value
+
+
+def check_untied(first: torch.nn.Module, last: torch.nn.Module) -> None:
+    """Refuse stages that share a parameter: a tied embedding and head split across two
+    machines would be two copies that drift apart.
+
+    Raises:
+        ConfigError: naming the fix.
+    """
+    if {id(p) for p in first.parameters()} & {id(p) for p in last.parameters()}:
+        raise ConfigError(
+            "two-stage stages share a parameter (tied embedding and head): untie it "
+            "(model.config.tie_word_embeddings=False) before splitting"
+        )

@@ -36,6 +36,7 @@ from splitlab.train.node_setup import (
     owner_feed,
 )
 from splitlab.train.nodes import partition_parameters
+from splitlab.train.two_stage import check_untied
 from splitlab.train.two_stage_net import FirstStage, LastStage
 from splitlab.wire.base import Transport
 
@@ -52,6 +53,7 @@ def run_stage(spec: NodeSpec, control: ControlEndpoint) -> None:
     tokenizer: list[Any] = []
     is_owner = spec.role == "owner"
     first_part, last_part = build_node_parts(spec, tokenizer if is_owner and spec.data else None)
+    check_untied(first_part, last_part)  # each node builds both from the same model
     part = first_part if is_owner else last_part
     exchange = node_exchange(spec)
     feed = owner_feed(spec, tokenizer[0] if tokenizer else None)

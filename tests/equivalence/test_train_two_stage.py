@@ -171,3 +171,13 @@ def test_stages_over_a_transport_match_unsplit_adamw(control_count: int, transpo
 
     assert errors == []
     assert_same_parameters(ref, split)
+
+
+def test_stages_sharing_a_tied_embedding_and_head_are_refused() -> None:
+    from splitlab.errors import ConfigError
+    from splitlab.train.two_stage import check_untied
+
+    first, last = build_parts(tiny_model("gpt2"), PLAN)  # GPT-2 ties wte and lm_head
+    with pytest.raises(ConfigError, match="tie_word_embeddings=False"):
+        check_untied(first, last)
+    check_untied(*build_parts(untied("gpt2"), PLAN))
