@@ -29,6 +29,8 @@ TINY = [
     "model=tiny_bert",
     "data.samples_per_owner=16",
     "data.val_samples=16",
+    "data.test_samples=0",  # the final evaluation on the held-out split
+    "task.steps_per_round=0",  # one pass over the tiny shard
     "finetune.batch_size=4",
     "task.rounds=2",
 ]

@@ -34,6 +34,8 @@ TINY = [
     "model=tiny_bert",
     "data.samples_per_owner=8",
     "data.val_samples=8",
+    "data.test_samples=0",  # the final evaluation on the held-out split
+    "task.steps_per_round=0",  # one pass over the tiny shard
     "finetune.batch_size=4",
     "task.rounds=1",
 ]

@@ -27,6 +27,8 @@ ONE_BY_ONE = [
     "architecture.workers=1",
     "data.samples_per_owner=8",
     "data.val_samples=8",
+    "data.test_samples=0",  # the final evaluation on the held-out split
+    "task.steps_per_round=0",  # one pass over the tiny shard
     "finetune.batch_size=4",
     "task.rounds=1",
 ]

@@ -29,6 +29,8 @@ TWO_STAGE = [
     "architecture.control_count=2",
     "data.samples_per_owner=12",
     "data.val_samples=8",
+    "data.test_samples=0",  # the final evaluation on the held-out split
+    "task.steps_per_round=0",  # one pass over the tiny shard
     "finetune.batch_size=4",
     "task.rounds=1",
 ]
