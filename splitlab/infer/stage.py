@@ -212,6 +212,7 @@ def build_control(args: argparse.Namespace, compute: StageCompute, identity: Sta
     migrator = Migrator(stage=me, compute=compute, cuts=cuts, num_layers=identity.num_layers,
                         index=getattr(args, "checkpoint_index", None), dtype=args.dtype,
                         kv_prev=kv_prev, kv_next=kv_next, timeout_s=args.ctrl_timeout_s)  # fmt: skip
+    log.debug("stage %d: migration warm-up %.2f ms", me, migrator.warm_up())
     if me == 0:
         ctrls = {i: CtrlSocket(accepted.pop(f"ctrl-{i}").sock, peer=f"stage-{i}",
                                timeout_s=args.ctrl_timeout_s) for i in range(1, n)}  # fmt: skip

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from splitlab.infer.compute import PartCompute
+from splitlab.infer.migration import Migrator
 from splitlab.infer.planners import ForcedShift
 from splitlab.infer.ring import GenParams
 from splitlab.infer.tiny import local_ring, save_tiny
@@ -94,6 +95,17 @@ def test_release_frees_a_given_away_block_without_a_full_collection(tiny9) -> No
     assert all(ref() is None for ref in gone)
     assert collections == [] and not compute.release_pending
     assert compute.forward(torch.tensor([[5]]), PROMPT.shape[1]).shape[1] == 1
+
+
+def test_warm_up_loads_a_boundary_block_and_keeps_nothing(tiny9) -> None:
+    index = open_checkpoint(tiny9)
+    part, _ = load_part(index, Span(3, 6, has_embeddings=False, has_head=False))
+    compute = PartCompute(part)
+    before = compute.layer_ids
+    migrator = Migrator(stage=1, compute=compute, cuts=CUTS, num_layers=9, index=index)
+    assert migrator.warm_up() > 0.0
+    assert compute.layer_ids == before and not compute.release_pending
+    assert Migrator(stage=1, compute=compute, cuts=CUTS, num_layers=9).warm_up() == 0.0
 
 
 @pytest.mark.slow
