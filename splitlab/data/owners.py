@@ -83,10 +83,7 @@ def build_owner_datasets(
         round_index: the training round; changes the split only when `cfg.refresh_each_round`.
     """
     task = TaskKind(cfg.task)
-    wanted = cfg.val_samples + cfg.test_samples + num_owners * cfg.samples_per_owner
-    if DataSource(cfg.source) is DataSource.generator:
-        wanted *= GENERATOR_SPARE
-    examples = load_examples(cfg, num_wanted=wanted)
+    examples = _load(cfg, num_owners)
     owner_ids, val_ids, _ = split_examples(
         examples, cfg, num_owners=num_owners, round_index=round_index
     )
@@ -105,16 +102,21 @@ def build_test_shard(cfg: DataConfig, tokenizer: Any, *, num_owners: int) -> Sha
     final evaluation of a run); None when `test_samples` is 0."""
     if cfg.test_samples <= 0:
         return None
-    wanted = cfg.val_samples + cfg.test_samples + num_owners * cfg.samples_per_owner
-    if DataSource(cfg.source) is DataSource.generator:
-        wanted *= GENERATOR_SPARE
-    examples = load_examples(cfg, num_wanted=wanted)
+    examples = _load(cfg, num_owners)
     _, _, test_ids = split_examples(examples, cfg, num_owners=num_owners)
     pad_id = ensure_pad_token(tokenizer)
     encoded = encode(
         examples, test_ids, tokenizer, task=TaskKind(cfg.task), max_length=cfg.max_length
     )
     return Shard("test", test_ids, encoded, pad_id, TaskKind(cfg.task), list(examples.label_names))
+
+
+def _load(cfg: DataConfig, num_owners: int) -> Examples:
+    """The examples every split of `cfg` draws from (validation, test, then the owners)."""
+    wanted = cfg.val_samples + cfg.test_samples + num_owners * cfg.samples_per_owner
+    if DataSource(cfg.source) is DataSource.generator:
+        wanted *= GENERATOR_SPARE
+    return load_examples(cfg, num_wanted=wanted)
 
 
 def split_examples(
