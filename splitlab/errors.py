@@ -6,7 +6,11 @@ researcher reading `echo $?`) can tell a bad config from a lost peer from a NaN.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import IntEnum
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class ExitCode(IntEnum):
@@ -55,3 +59,11 @@ class AssetError(SplitlabError, RuntimeError):
 
 class AbortedError(SplitlabError):
     exit_code = ExitCode.ABORTED
+
+
+def registered(table: Mapping[str, T], name: str, key: str) -> T:
+    """`table[name]`; else a ConfigError naming `key=name` and every registered name."""
+    try:
+        return table[name]
+    except KeyError:
+        raise ConfigError(f"{key}={name!r}: not registered (registered: {sorted(table)})") from None

@@ -2,18 +2,31 @@
 
 - `rabbitmq`: needs a broker on 127.0.0.1:5672; fails instead of skipping when
   SPLITLAB_REQUIRE_BROKER=1 (CI), so a missing broker can never pass silently.
+- `slurm`: needs the local Slurm cluster (`tools/slurm_local.sh up`); fails instead of skipping
+  when SPLITLAB_REQUIRE_SLURM=1 (CI). SLURM_CONF defaults to that cluster's config.
 - `gpu`: skips cleanly without CUDA.
 - `assets`: runs (fetching into the cache once) unless SPLITLAB_SKIP_ASSETS=1.
+- `testbed`: needs root (namespaces, shaping, cgroups), iproute2 and ethtool; skips without
+  them, fails instead under SPLITLAB_REQUIRE_TESTBED=1 (CI runs as root).
+- `chromium`: needs a headless Chromium (Debian's `chromium`); skips without it, fails instead
+  under SPLITLAB_REQUIRE_CHROMIUM=1 (CI installs it).
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
 import socket
+import subprocess
+from pathlib import Path
 
 import pytest
 
 BROKER_HOST, BROKER_PORT = "127.0.0.1", 5672
+SLURM_DIR = Path(os.environ.get("SPLITLAB_SLURM_DIR", "/var/tmp/splitlab-slurm"))
+if (SLURM_DIR / "etc" / "slurm.conf").is_file():
+    os.environ.setdefault("SLURM_CONF", str(SLURM_DIR / "etc" / "slurm.conf"))
 
 
 def broker_reachable(
@@ -26,11 +39,52 @@ def broker_reachable(
         return False
 
 
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
+
+
+def chromium_binary() -> str | None:
+    """The first headless-capable Chromium on PATH, or None."""
+    return next((path for name in CHROMIUM_NAMES if (path := shutil.which(name))), None)
+
+
+@pytest.fixture
+def chromium() -> str:
+    """The Chromium binary for a test marked `chromium` (the marker skips or fails without one)."""
+    path = chromium_binary()
+    assert path is not None, "mark the test `chromium`"
+    return path
+
+
+@functools.cache
+def slurm_problem() -> str | None:
+    """Why the Slurm tests cannot run here, or None when a node takes jobs."""
+    if shutil.which("sbatch") is None or shutil.which("sacct") is None:
+        return "Slurm's client commands (sbatch, sacct) are not installed"
+    try:
+        done = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True,
+                              timeout=15, check=False)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return "sinfo did not answer within 15 s"
+    if not any(s.rstrip("*~#") in ("idle", "mix", "alloc") for s in done.stdout.split()):
+        return f"no Slurm node takes jobs (sinfo: {(done.stdout + done.stderr).strip()[:200]!r})"
+    return None
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("rabbitmq") and not broker_reachable():
         message = f"RabbitMQ is not answering on {BROKER_HOST}:{BROKER_PORT}"
         if os.environ.get("SPLITLAB_REQUIRE_BROKER") == "1":
             pytest.fail(message + " and SPLITLAB_REQUIRE_BROKER=1", pytrace=False)
+        pytest.skip(message)
+    if item.get_closest_marker("slurm") and (problem := slurm_problem()) is not None:
+        message = f"{problem} (tools/slurm_local.sh up starts a local cluster)"
+        if os.environ.get("SPLITLAB_REQUIRE_SLURM") == "1":
+            pytest.fail(message + " and SPLITLAB_REQUIRE_SLURM=1", pytrace=False)
+        pytest.skip(message)
+    if item.get_closest_marker("chromium") and chromium_binary() is None:
+        message = f"no headless Chromium on PATH (any of {', '.join(CHROMIUM_NAMES)})"
+        if os.environ.get("SPLITLAB_REQUIRE_CHROMIUM") == "1":
+            pytest.fail(message + " and SPLITLAB_REQUIRE_CHROMIUM=1", pytrace=False)
         pytest.skip(message)
     if item.get_closest_marker("gpu"):
         import torch
@@ -39,3 +93,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             pytest.skip("no CUDA device on this machine")
     if item.get_closest_marker("assets") and os.environ.get("SPLITLAB_SKIP_ASSETS") == "1":
         pytest.skip("SPLITLAB_SKIP_ASSETS=1")
+    if item.get_closest_marker("testbed"):
+        from splitlab.testbed.netns import missing_privileges
+
+        missing = missing_privileges()
+        if missing:
+            message = "a testbed needs " + "; ".join(missing)
+            if os.environ.get("SPLITLAB_REQUIRE_TESTBED") == "1":
+                pytest.fail(message + " and SPLITLAB_REQUIRE_TESTBED=1", pytrace=False)
+            pytest.skip(message)

@@ -1,6 +1,6 @@
 """Small offline stand-ins for the data tests: a word-level tokenizer and tiny tables.
 
-from tests.data_helpers import word_tokenizer, write_table
+from data_helpers import word_tokenizer, write_table
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
-from splitlab.config.enums import DType, Family, ModelSource
+from splitlab.config.enums import DType, ModelSource
 from splitlab.config.schema import ModelConfig
 from splitlab.models.families import INPUT_IDS, LABELS, PAD_MASK, FamilyAdapter, get_family
 from splitlab.models.load import load_model
@@ -29,7 +29,7 @@ def tiny_config(family: str, *, num_layers: int = TINY_LAYERS, dropout: float = 
     """A random-init config small enough for a 2-core CI box."""
     return ModelConfig(
         name=f"tiny_{family}",
-        family=Family(family),
+        family=family,
         source=ModelSource.random,
         num_layers=num_layers,
         hidden_size=32,
@@ -161,3 +161,10 @@ def run_split(
 def twin(model: PreTrainedModel) -> PreTrainedModel:
     """An identical independent copy (ties preserved), so two runs keep separate gradients."""
     return copy.deepcopy(model)
+
+
+def model_option(name: str, *overrides: str) -> ModelConfig:
+    """The composed `model=NAME` config (conf/model/NAME.yaml) with `overrides` applied."""
+    from splitlab.configure import compose_config
+
+    return compose_config([f"model={name}", *overrides]).model

@@ -1,10 +1,11 @@
-"""One CSV row per multirun job (overrides + key figures from its traces) and one plot.
+"""One CSV row per multirun job (overrides + key figures), one plot and a sweep report.html.
 
     .venv/bin/python tools/aggregate_sweep.py outputs/multirun/DATE/TIME
-    .venv/bin/python tools/aggregate_sweep.py SWEEP --x finetune.sft.rank --y final_accuracy \
+    .venv/bin/python tools/aggregate_sweep.py SWEEP --x finetune.sft.rank --y test_accuracy \
         --label architecture.cut_layers
 
-Writes SWEEP/sweep.csv and SWEEP/sweep.png; prints both paths and the table.
+Writes SWEEP/sweep.csv, SWEEP/sweep.png and SWEEP/report.html (the jobs side by side, formatted
+as a run's report is); prints the paths and the table.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     print(result.table.to_string(index=False, max_cols=12))
     print(f"csv: {result.csv}")
     print(f"plot: {result.plot}" if result.plot else f"plot: none (x={result.x}, y={result.y})")
+    print(f"report: {result.report}")
     return 0
 
 

@@ -1,9 +1,14 @@
-"""Adaptive planner vs noop on one slow stage: same drift trace, same seed, alternating runs.
+"""Planners (adaptive, model) vs noop under drift: same drift trace, same seed, alternating runs.
 
-Runs the 3-stage ring over TCP (127.0.0.1/.2/.3) with the window barrier twice per repetition,
-noop then adaptive (the order alternates by repetition so machine load hits both arms), on one
-replay trace of the `one_slow_node` profile written once up front. The slow stage sleeps
-(phi - 1) x its compute per token, which costs no CPU, so the slowdown holds on a busy host.
+Runs the 3-stage ring over TCP (127.0.0.1/.2/.3) with the window barrier once per arm and
+repetition, noop then each of `--planners` (the order alternates by repetition so machine load
+hits every arm), on one replay trace per `--profiles` schedule (`one_slow_node`, `thermal_ramp`
+with its ramp time scale at --throttle-at, `link_degrade` to 1 / --link-phi) written once up
+front. The slow stage sleeps (phi - 1) x its compute per token, which costs no CPU, so the
+slowdown holds on a busy host. Off a testbed a replayed link factor reaches the planners'
+observations only: no transport applies it, so `link_degrade` there tests that a planner does
+not pay migrations for a link no cut removes. `--calibration` gives `planner=model` its
+calibrate.py JSON (else it uses defaults and says so in its decisions).
 
 One sequence is in flight, so TPOT is the SUM of the stage times: moving a block off the slow
 stage saves (phi - 1) block times per token. With phi = 1.5 the best cuts gain ~4% (lost in
@@ -12,8 +17,16 @@ the noise of a shared host); the default phi = 3 makes the 10/10/10 split cost 1
 
 Reported: per arm the median over repetitions of the mean TPOT over the decode tokens after
 the first window (the planner has no statistics before it), also with the barrier and migration
-pauses added (`effective`), the ratio adaptive / noop (target <= 1.0), the adaptive arm's final
-cuts and blocks on the slow stage before/after, and whether every run emitted the same tokens.
+pauses added (`effective`), each planner's ratio over noop (target <= 1.0) and model over adaptive
+(target <= 1.0), each planner's final cuts and blocks on the slow stage before/after, and
+whether every run emitted the same tokens.
+
+`--testbed ring3_edge` (as root) runs the stages inside the testbed's hosts (one testbed for
+every run) and the slowdown is real: two scenarios (`--testbed-scenarios`) on the same arms,
+`cpu_throttle` (the slow stage's host CPU quota cut by --phi at token --throttle-at, a cgroup
+write) and `link_degrade` (the slow stage's host up link falling to 1 / --link-phi of its rate
+over the run, tc changes); see splitlab.drift.kernel. Each scenario reports the same summary,
+plus `blocks_moved_off_slow_host`.
 
 `--steady` adds a third arm per repetition: noop on the same profile at phi = 1 (no slowdown),
 and reports what phi does to the slow stage and to the head (`phi_effect`): the slow stage's
@@ -23,29 +36,40 @@ is the issue's "compute_ms about 1.5x and the head's TPOT accordingly".
 
     python tools/bench_adaptive.py --quick --out /tmp/bench_adaptive.json
     python tools/bench_adaptive.py --reps 3 --tokens 160 --out outputs/bench_adaptive.json
-    python tools/bench_adaptive.py --model tiny --quick
+    python tools/bench_adaptive.py --tiny --quick
+    python tools/bench_adaptive.py model=smollm2_135m architecture.cuts=[8,20]  # Hydra overrides
     python tools/bench_adaptive.py --phi 1.5 --steady --reps 2 --tokens 60 --window 20
+    nice python tools/bench_adaptive.py --testbed ring3_edge --reps 1 --tokens 96 --out /tmp/ba.json
+    python tools/bench_adaptive.py --profiles link_degrade,thermal_ramp,one_slow_node \
+        --calibration cal.json --reps 2 --tokens 100 --out outputs/bench/planners.json
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
-from splitlab.config.enums import DriftName, DriftSource
+from splitlab.config.enums import DriftSource
+from splitlab.configure import compose_config
 from splitlab.config.schema import DriftConfig
+from splitlab.drift.kernel import KERNEL_LOG
 from splitlab.drift.source import generate_trace
-from splitlab.infer.stage import resolve_model_folder
-from splitlab.infer.tiny import save_tiny
-from splitlab.launch.ring import RingLayout, pick_base_port, run_ring
+from splitlab.infer.topology import resolve_ring
+from splitlab.launch.ring import run_ring
 from splitlab.telemetry.bench import BenchReport, bench_arg_parser, median
+from splitlab.testbed.placement import testbed_for
 
 PROMPT = "Write a long story about a dragon who learns to cook."
 HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
-TINY_LAYERS = 12
+TINY = [  # --tiny: a random-init Llama wide enough that block compute dominates
+    "model=tiny_llama", "model.num_layers=12", "model.hidden_size=256",
+    "model.intermediate_size=1024", "architecture.cuts=[4,8]",
+]  # fmt: skip
 
 
 def head_records(run_dir: Path, kind: str, stage: int = 0) -> list[dict]:
@@ -53,40 +77,58 @@ def head_records(run_dir: Path, kind: str, stage: int = 0) -> list[dict]:
     return [r for r in map(json.loads, path.open()) if r["kind"] == kind]
 
 
-def write_trace(folder: Path, *, phi: float, slow_stage: int, seed: int, tokens: int) -> dict:
-    """One replay trace for both arms; returns the drift config fields every stage gets."""
-    fields = {"name": DriftName.one_slow_node.value, "source": DriftSource.replay.value,
+def write_trace(folder: Path, *, phi: float, slow_stage: int, seed: int, tokens: int,
+                profile: str = "one_slow_node", period_tokens: int | None = None) -> dict:  # fmt: skip
+    """One replay trace for both arms; returns the drift config fields every stage gets (the
+    run's `drift.*` overrides)."""
+    fields = {"name": profile, "source": DriftSource.replay.value,
               "seed": seed, "slow_stage": slow_stage, "phi": phi, "length_tokens": tokens + 8}  # fmt: skip
-    path = folder / "one_slow_node.jsonl"
+    if period_tokens is not None:
+        fields["period_tokens"] = period_tokens
+    path = folder / f"{profile}.jsonl"
     generate_trace(DriftConfig(**fields), num_stages=len(HOSTS), out=path)
     return {**fields, "trace": str(path)}
 
 
-def run_arm(model: str, *, cuts: list[int], tokens: int, window: int, planner: dict,
-            drift: dict, extra: list[str], tag: str) -> dict:  # fmt: skip
-    """One ring run; the arm's figures from the head's result and trace."""
+def group_overrides(group: str, fields: dict) -> list[str]:
+    """`group=NAME group.key=value ...` for a planner's or drift profile's fields."""
+    return [f"{group}={fields['name']}", *(f"{group}.{k}={v}" for k, v in fields.items() if k != "name")]
+
+
+def run_arm(base: list[str], *, window: int, planner: dict, drift: dict, tag: str,
+            testbed: Any = None) -> dict:  # fmt: skip
+    """One ring run (on `testbed` when given); the arm's figures from the head's result and
+    trace."""
     run_dir = Path(tempfile.mkdtemp(prefix=f"bench_adaptive-{tag}-"))
-    layout = RingLayout(model=model, cuts=cuts, hosts=HOSTS, base_port=pick_base_port(HOSTS),
-                        run_id=f"bench-{tag}", window=window, planner=planner, drift=drift,
-                        extra=extra)  # fmt: skip
-    group, result = run_ring(layout, run_dir=run_dir, timeout_s=900, head_args=[
-        "--prompt", PROMPT, "--max-new-tokens", str(tokens), "--ignore-eos"])  # fmt: skip
+    cfg = compose_config([*base, *group_overrides("planner", planner),
+                          *group_overrides("drift", drift)])  # fmt: skip
+    group, result = run_ring(cfg, run_dir=run_dir, timeout_s=900, testbed=testbed)
     if group.exit_code != 0 or result is None:
         raise SystemExit(f"ring failed ({tag}): {group.diagnosis()}")
+    cuts = list(resolve_ring(cfg).cuts)  # where the run started
     windows = [w for w in head_records(run_dir, "window") if w.get("barrier_ms") is not None]
     tpot = result["tpot_ms"][window:]  # tpot_ms[i] is decode step i + 1: skip the first window
     pauses = sum(w["barrier_ms"] for w in windows if w["token"] >= window)
     decode = [[r for r in head_records(run_dir, "token", s) if r["token"] > window] for s in range(len(HOSTS))]  # fmt: skip
+    compute = [statistics.fmean(r["compute_ms"] for r in rs) for rs in decode]
     return {
         "tag": tag, "run_dir": str(run_dir), "token_ids": result["token_ids"],
         "tpot_mean_ms": statistics.fmean(tpot), "tpot_median_ms": statistics.median(tpot),
         "effective_mean_ms": (sum(tpot) + pauses) / len(tpot), "barrier_total_ms": pauses,
-        "stage_compute_mean_ms": [statistics.fmean(r["compute_ms"] for r in rs) for rs in decode],
+        "stage_compute_mean_ms": compute,
+        "link_mean_ms": statistics.fmean(tpot) - sum(compute),  # the hops and waits, per token
         "stage_real_mean_ms": [statistics.fmean(r["real_ms"] for r in rs) for rs in decode],
         "cuts": [w["cuts"] for w in windows],
         "moves": sum(1 for i, w in enumerate(windows) if w["cuts"] != (windows[i - 1]["cuts"] if i else cuts)),
         "decisions": [w["decision"] for w in windows],
+        "kernel_changes": kernel_changes(run_dir),
     }  # fmt: skip
+
+
+def kernel_changes(run_dir: Path) -> list[dict]:
+    """The drift changes the launcher applied to the testbed (none off a testbed)."""
+    path = run_dir / KERNEL_LOG
+    return [json.loads(line) for line in path.open()] if path.is_file() else []
 
 
 def phi_effect(slowed: list[dict], steady: list[dict], *, phi: float, slow_stage: int) -> dict:
@@ -116,10 +158,82 @@ def blocks_on(cuts: list[int], stage: int, num_layers: int) -> int:
     return bounds[stage + 1] - bounds[stage]
 
 
+def planner_arms(args: Any) -> dict[str, dict]:
+    """The planner fields of each arm `--planners` names (noop first: the baseline)."""
+    fields = {"noop": {"name": "noop"},
+              "adaptive": {"name": "adaptive", "hysteresis": args.hysteresis},
+              "model": {"name": "model", "hysteresis": args.hysteresis,
+                        "horizon_tokens": args.horizon_tokens,
+                        **({"calibration": args.calibration} if args.calibration else {})}}  # fmt: skip
+    names = ["noop", *(n for n in args.planners.split(",") if n and n != "noop")]
+    unknown = [n for n in names if n not in fields]
+    if unknown:
+        raise SystemExit(f"--planners: unknown {unknown}; choose from {sorted(fields)}")
+    return {n: fields[n] for n in names}
+
+
+def run_scenario(base: list[str], *, args: Any, drift: dict, steady: dict | None, reps: int,
+                 cuts: list[int], num_layers: int, report: BenchReport, name: str,
+                 testbed: Any = None) -> dict:  # fmt: skip
+    """noop vs each planner (and `steady`, when given) on one drift schedule; the summary."""
+    arms = planner_arms(args)
+    drifts = dict.fromkeys(arms, drift)
+    if steady is not None:
+        arms["steady"], drifts["steady"] = arms["noop"], steady
+    runs: dict[str, list[dict]] = {arm: [] for arm in arms}
+    for rep in range(reps):
+        order = list(arms) if rep % 2 == 0 else list(reversed(arms))
+        for arm in order:
+            row = run_arm(base, window=args.window, planner=arms[arm], drift=drifts[arm],
+                          tag=f"{name}-{arm}-{rep}", testbed=testbed)  # fmt: skip
+            runs[arm].append(row)
+            report.add_result(scenario=name, rep=rep, arm=arm,
+                              **{k: v for k, v in row.items() if k != "token_ids"})  # fmt: skip
+            print(f"{name} rep {rep} {arm:8s}: mean TPOT {row['tpot_mean_ms']:.2f} ms (effective "
+                  f"{row['effective_mean_ms']:.2f}), final cuts {row['cuts'][-1]}, {row['moves']} moves",
+                  file=sys.stderr)  # fmt: skip
+    first = runs["noop"][0]["token_ids"]
+    identical = all(r["token_ids"] == first for arm in runs.values() for r in arm)
+    planners = [arm for arm in arms if arm not in ("noop", "steady")]
+    med = {arm: median([r["tpot_mean_ms"] for r in rows]) for arm, rows in runs.items()}
+    eff = {arm: median([r["effective_mean_ms"] for r in rows]) for arm, rows in runs.items()}
+    final = {arm: runs[arm][-1]["cuts"][-1] for arm in planners}
+    before = blocks_on(cuts, args.slow_stage, num_layers)
+    after = {arm: blocks_on(final[arm], args.slow_stage, num_layers) for arm in planners}
+    summary = {
+        "scenario": name, "drift": {k: v for k, v in drift.items() if k != "trace"},
+        "tpot_median_ms": med, "effective_median_ms": eff,
+        "link_median_ms": {arm: median([r["link_mean_ms"] for r in rows]) for arm, rows in runs.items()},
+        "ratio_over_noop": {arm: med[arm] / med["noop"] for arm in planners},
+        "paired_ratios": {arm: [a["tpot_mean_ms"] / n["tpot_mean_ms"] for n, a in
+                                zip(runs["noop"], runs[arm], strict=True)] for arm in planners},
+        "tokens_identical": identical, "cuts_before": cuts, "cuts_after": final,
+        "slow_stage_blocks_before": before, "slow_stage_blocks_after": after,
+        "blocks_moved_off_slow_host": {arm: after[arm] < before for arm in planners},
+        "cut_trajectory": {arm: runs[arm][-1]["cuts"] for arm in planners},
+        "moves": {arm: [r["moves"] for r in runs[arm]] for arm in planners},
+        "kernel_changes": runs["noop"][-1]["kernel_changes"],
+    }  # fmt: skip
+    if steady is not None:
+        summary["phi_effect"] = phi_effect(runs["noop"], runs["steady"], phi=args.phi,
+                                           slow_stage=args.slow_stage)  # fmt: skip
+    report.add_result(**summary)
+    suffix = "" if name == "one_slow_node" else f"_{name}"
+    for arm in planners:
+        report.add_ratio(f"{arm}_over_noop_tpot{suffix}", med[arm] / med["noop"])
+        report.add_ratio(f"{arm}_over_noop_effective{suffix}", eff[arm] / eff["noop"])
+        report.add_target(f"{arm}_over_noop_tpot{suffix}", med[arm] / med["noop"], 1.0, "<=")
+    if {"model", "adaptive"} <= set(planners):
+        report.add_ratio(f"model_over_adaptive_tpot{suffix}", med["model"] / med["adaptive"])
+        report.add_target(f"model_over_adaptive_tpot{suffix}", med["model"] / med["adaptive"], 1.0, "<=")
+    print(json.dumps(summary, indent=1), file=sys.stderr)
+    return summary
+
+
 def main(argv: list[str] | None = None) -> int:
     p = bench_arg_parser(__doc__.split("\n")[0])
-    p.add_argument("--model", default="smollm2_135m", help="asset, folder, or 'tiny'")
-    p.add_argument("--cuts", default=None, help="default: 10,20 (SmolLM2), 4,8 (tiny)")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides on task=infer (model, cuts...)")
+    p.add_argument("--tiny", action="store_true", help="a random-init 12-block Llama")
     p.add_argument("--tokens", type=int, default=160)
     p.add_argument("--window", type=int, default=10)
     p.add_argument("--reps", type=int, default=3)
@@ -128,74 +242,66 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hysteresis", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=77)
     p.add_argument("--steady", action="store_true", help="add a noop arm at phi = 1 (phi_effect)")
+    p.add_argument("--testbed", help="run on this testbed (as root): cpu_throttle and link_degrade")
+    p.add_argument("--throttle-at", type=int, default=None,
+                   help="--testbed: cpu_throttle's token (default: a quarter of --tokens)")
+    p.add_argument("--link-phi", type=float, default=50.0,
+                   help="link_degrade's final rate divisor")  # fmt: skip
+    p.add_argument("--planners", default="adaptive,model",
+                   help="arms beside noop, comma-separated: adaptive, model")
+    p.add_argument("--profiles", default="one_slow_node",
+                   help="replayed drift profiles (off a testbed), comma-separated: "
+                        "one_slow_node, thermal_ramp, link_degrade")  # fmt: skip
+    p.add_argument("--calibration", help="planner=model's calibration JSON (calibrate.py)")
+    p.add_argument("--horizon-tokens", type=int, default=64, help="planner=model's horizon")
+    p.add_argument("--testbed-scenarios", default="cpu_throttle,link_degrade",
+                   help="--testbed: which of cpu_throttle, link_degrade to run")
     args = p.parse_args(argv)
     tokens, reps = (100, 2) if args.quick else (args.tokens, args.reps)
-    extra: list[str] = []
-    if args.model == "tiny":
-        folder = save_tiny("tiny_llama", Path(tempfile.mkdtemp(prefix="bench_adaptive-tiny-")),
-                           overrides=(f"model.num_layers={TINY_LAYERS}", "model.hidden_size=256",
-                                      "model.intermediate_size=1024"))  # fmt: skip
-        extra, num_layers, default_cuts = ["--tokenizer", "gpt2_tokenizer"], TINY_LAYERS, "4,8"
-    else:
-        folder = resolve_model_folder(args.model)
-        num_layers = json.loads((Path(folder) / "config.json").read_text())["num_hidden_layers"]
-        default_cuts = "10,20"
-    cuts = [int(c) for c in (args.cuts or default_cuts).split(",")]
-    drift = write_trace(Path(tempfile.mkdtemp(prefix="bench_adaptive-trace-")), phi=args.phi,
-                        slow_stage=args.slow_stage, seed=args.seed, tokens=tokens)  # fmt: skip
-    arms = {
-        "noop": {"name": "noop"},
-        "adaptive": {"name": "adaptive", "hysteresis": args.hysteresis},
-    }
-    drifts = dict.fromkeys(arms, drift)
-    if args.steady:
-        arms["steady"] = arms["noop"]
-        drifts["steady"] = write_trace(Path(tempfile.mkdtemp(prefix="bench_adaptive-steady-")),
-                                       phi=1.0, slow_stage=args.slow_stage, seed=args.seed,
-                                       tokens=tokens)  # fmt: skip
+    where = ([f"testbed={args.testbed}"] if args.testbed
+             else [f"architecture.peer_hosts=[{','.join(HOSTS)}]"])  # fmt: skip
+    base = [
+        "task=infer", "architecture.cuts=[10,20]", *where,
+        f"architecture.window={args.window}", f"task.prompt={PROMPT}",
+        f"task.max_new_tokens={tokens}", "task.ignore_eos=true",
+        *(TINY if args.tiny else []), *args.overrides,
+    ]  # fmt: skip
+    cfg = compose_config(base)
+    num_layers, cuts = cfg.model.num_layers, list(resolve_ring(cfg).cuts)
+
+    def trace(profile: str, phi: float, **kw: Any) -> dict:
+        return write_trace(Path(tempfile.mkdtemp(prefix=f"bench_adaptive-{profile}-")), phi=phi,
+                           slow_stage=args.slow_stage, seed=args.seed, tokens=tokens,
+                           profile=profile, **kw)  # fmt: skip
+
+    at = args.throttle_at if args.throttle_at is not None else tokens // 4
+    schedules = {"one_slow_node": lambda: trace("one_slow_node", args.phi),
+                 "thermal_ramp": lambda: trace("thermal_ramp", args.phi, period_tokens=at),
+                 "cpu_throttle": lambda: trace("cpu_throttle", args.phi, period_tokens=at),
+                 "link_degrade": lambda: trace("link_degrade", args.link_phi)}  # fmt: skip
+    names = (args.testbed_scenarios if args.testbed else args.profiles).split(",")
+    unknown = [n for n in names if n not in schedules]
+    if unknown:
+        raise SystemExit(f"unknown drift schedules {unknown}; choose from {sorted(schedules)}")
+    scenarios = {n: schedules[n]() for n in names}
+    steady = trace("one_slow_node", 1.0) if args.steady else None
     report = BenchReport(bench="adaptive", config={
-        "model": args.model, "cuts": cuts, "hosts": HOSTS, "tokens": tokens, "window": args.window,
-        "reps": reps, "drift": {k: v for k, v in drift.items() if k != "trace"}, "planners": arms,
+        "model": cfg.model.name, "cuts": cuts, "hosts": args.testbed or HOSTS, "tokens": tokens,
+        "window": args.window, "reps": reps, "hysteresis": args.hysteresis,
+        "planners": list(planner_arms(args)), "calibration": args.calibration,
+        "horizon_tokens": args.horizon_tokens,
+        "drift": {n: {k: v for k, v in d.items() if k != "trace"} for n, d in scenarios.items()},
     })  # fmt: skip
-    runs: dict[str, list[dict]] = {arm: [] for arm in arms}
-    for rep in range(reps):
-        order = list(arms) if rep % 2 == 0 else list(reversed(arms))
-        for arm in order:
-            row = run_arm(str(folder), cuts=cuts, tokens=tokens, window=args.window,
-                          planner=arms[arm], drift=drifts[arm], extra=extra, tag=f"{arm}-{rep}")  # fmt: skip
-            runs[arm].append(row)
-            report.add_result(
-                rep=rep, arm=arm, **{k: v for k, v in row.items() if k != "token_ids"}
-            )
-            print(f"rep {rep} {arm:8s}: mean TPOT {row['tpot_mean_ms']:.2f} ms (effective "
-                  f"{row['effective_mean_ms']:.2f}), final cuts {row['cuts'][-1]}, {row['moves']} moves",
-                  file=sys.stderr)  # fmt: skip
-    first = runs["noop"][0]["token_ids"]
-    identical = all(r["token_ids"] == first for arm in runs.values() for r in arm)
-    final = runs["adaptive"][-1]["cuts"][-1]
-    med = {arm: median([r["tpot_mean_ms"] for r in rows]) for arm, rows in runs.items()}
-    eff = {arm: median([r["effective_mean_ms"] for r in rows]) for arm, rows in runs.items()}
-    paired = [a["tpot_mean_ms"] / n["tpot_mean_ms"] for n, a in zip(runs["noop"], runs["adaptive"], strict=True)]  # fmt: skip
-    summary = {
-        "tpot_noop_median_ms": med["noop"], "tpot_adaptive_median_ms": med["adaptive"],
-        "effective_noop_median_ms": eff["noop"], "effective_adaptive_median_ms": eff["adaptive"],
-        "paired_ratios": paired, "paired_ratio_median": median(paired), "tokens_identical": identical,
-        "cuts_before": cuts, "cuts_after_adaptive": final,
-        "slow_stage_blocks_before": blocks_on(cuts, args.slow_stage, num_layers),
-        "slow_stage_blocks_after": blocks_on(final, args.slow_stage, num_layers),
-        "adaptive_cut_trajectory": runs["adaptive"][-1]["cuts"],
-    }  # fmt: skip
-    if args.steady:
-        summary["phi_effect"] = phi_effect(runs["noop"], runs["steady"], phi=args.phi,
-                                           slow_stage=args.slow_stage)  # fmt: skip
-    report.add_result(**summary)
-    ratio = med["adaptive"] / med["noop"]
-    report.add_ratio("adaptive_over_noop_tpot", ratio)
-    report.add_ratio("adaptive_over_noop_effective", eff["adaptive"] / eff["noop"])
-    report.add_target("adaptive_over_noop_tpot", ratio, 1.0, "<=")
+    summaries = []
+    with testbed_for(cfg.testbed) if args.testbed else contextlib.nullcontext() as tb:
+        for name, drift in scenarios.items():
+            summaries.append(run_scenario(
+                base, args=args, drift=drift, steady=steady, reps=reps, cuts=cuts,
+                num_layers=num_layers, report=report, name=name, testbed=tb,
+            ))  # fmt: skip
     report.write(args.out)
-    print(json.dumps({**summary, "ratio": ratio}, indent=1), file=sys.stderr)
-    return 0 if identical else 1
+    identical = all(s["tokens_identical"] for s in summaries)
+    return report.exit_code(require_quiet=args.require_quiet) or (0 if identical else 1)
 
 
 if __name__ == "__main__":

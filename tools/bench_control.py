@@ -58,7 +58,7 @@ def _round_trips_ms(owner: ControlEndpoint, first_window: int, count: int) -> li
     return out
 
 
-def main() -> None:
+def main() -> int:
     parser = bench_arg_parser(__doc__.splitlines()[0])
     parser.add_argument("--bus", choices=["both", "embedded", "rabbitmq"], default="both")
     parser.add_argument("--url", default=DEFAULT_URL, help="broker URL for the rabbitmq bus")
@@ -67,6 +67,7 @@ def main() -> None:
     kinds = ["embedded", "rabbitmq"] if args.bus == "both" else [args.bus]
     session = f"bench{uuid.uuid4().hex[:8]}"
     num_windows = warmup + reps * per_rep
+    report = BenchReport(bench="control")  # samples the host's load from here on
 
     server = EmbeddedBusServer()
     address = server.start()
@@ -112,17 +113,14 @@ def main() -> None:
             ep.close()
         server.close()
 
-    report = BenchReport(
-        bench="control",
-        config={
-            "quick": args.quick,
-            "round_trips_per_bus": reps * per_rep,
-            "warmup": warmup,
-            "layout": "owner + embedded host in the bench process, worker in its own process",
-            "url": args.url.split("@")[-1],
-            **({"notes": notes} if notes else {}),
-        },
-    )
+    report.config = {
+        "quick": args.quick,
+        "round_trips_per_bus": reps * per_rep,
+        "warmup": warmup,
+        "layout": "owner + embedded host in the bench process, worker in its own process",
+        "url": args.url.split("@")[-1],
+        **({"notes": notes} if notes else {}),
+    }
     for kind in kinds:
         med, p99 = median(samples[kind]), percentile(samples[kind], 99)
         report.add_result(
@@ -135,7 +133,8 @@ def main() -> None:
             median(samples["rabbitmq"]) / median(samples["embedded"]),
         )
     report.write(args.out)
+    return report.exit_code(require_quiet=args.require_quiet)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

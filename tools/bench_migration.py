@@ -19,6 +19,7 @@ stage traces:
 
     python tools/bench_migration.py --quick --out /tmp/bench_migration.json
     python tools/bench_migration.py --tokens 200 --shift-at 100 --reps 2 --out outputs/bench_migration.json
+    python tools/bench_migration.py model=tiny_llama architecture.cuts=[1,3] --quick  # overrides
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ from pathlib import Path
 
 from transformers import AutoConfig
 
-from splitlab.infer.stage import resolve_model_folder
-from splitlab.launch.ring import RingLayout, pick_base_port, run_ring
+from splitlab.configure import compose_config
+from splitlab.infer.topology import resolve_ring
+from splitlab.launch.ring import model_ref, run_ring
 from splitlab.telemetry.bench import BenchReport, bench_arg_parser, median
 
 PROMPT = "Write a long story about a robot who learns to paint."
@@ -58,14 +60,18 @@ def p90(values: list[float]) -> float:
     return sorted(values)[int(0.9 * (len(values) - 1))]
 
 
-def run(
-    folder: Path, *, cuts: list[int], tokens: int, window: int, planner: dict, tag: str
-) -> Path:
+def base_overrides(tokens: int, user: list[str]) -> list[str]:
+    return [
+        "task=infer", "model=smollm2_135m", "architecture.cuts=[10,20]",
+        f"architecture.peer_hosts=[{','.join(HOSTS)}]", f"task.prompt={PROMPT}",
+        f"task.max_new_tokens={tokens}", "task.ignore_eos=true", *user,
+    ]  # fmt: skip
+
+
+def run(base: list[str], arm: list[str], *, tag: str) -> Path:
+    """One ring run of the base config plus this arm's overrides (planner, window)."""
     run_dir = Path(tempfile.mkdtemp(prefix=f"bench_migration-{tag}-"))
-    layout = RingLayout(model=str(folder), cuts=cuts, hosts=HOSTS, base_port=pick_base_port(HOSTS),
-                        run_id=f"bench-{tag}", window=window, planner=planner)  # fmt: skip
-    group, result = run_ring(layout, run_dir=run_dir, timeout_s=900, head_args=[
-        "--prompt", PROMPT, "--max-new-tokens", str(tokens), "--ignore-eos"])  # fmt: skip
+    group, result = run_ring(compose_config([*base, *arm]), run_dir=run_dir, timeout_s=900)
     if group.exit_code != 0 or result is None:
         raise SystemExit(f"ring failed: {group.diagnosis()}")
     (run_dir / "result.json").write_text(json.dumps(result))
@@ -74,8 +80,7 @@ def run(
 
 def main(argv: list[str] | None = None) -> int:
     p = bench_arg_parser(__doc__.split("\n")[0])
-    p.add_argument("--model", default="smollm2_135m")
-    p.add_argument("--cuts", default="10,20")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides on task=infer (model, cuts...)")
     p.add_argument("--tokens", type=int, default=200)
     p.add_argument("--shift-at", type=int, default=100)
     p.add_argument("--window", type=int, default=20)
@@ -83,26 +88,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--barrier-window", type=int, default=2, help="W of the no-shift run")
     args = p.parse_args(argv)
     tokens, shift_at, reps = (60, 40, 1) if args.quick else (args.tokens, args.shift_at, args.reps)
-    cuts = [int(c) for c in args.cuts.split(",")]
-    folder = resolve_model_folder(args.model)
+    base = base_overrides(tokens, args.overrides)
+    cfg = compose_config(base)
+    cuts = resolve_ring(cfg).cuts
+    folder = Path(model_ref(cfg.model, Path(tempfile.mkdtemp(prefix="bench_migration-")), seed=0))
     config = AutoConfig.from_pretrained(folder)
     report = BenchReport(bench="migration", config={
-        "model": args.model, "cuts": cuts, "hosts": HOSTS, "tokens": tokens, "shift_at": shift_at,
+        "model": cfg.model.name, "cuts": cuts, "hosts": HOSTS, "tokens": tokens, "shift_at": shift_at,
         "window": args.window, "barrier_window": args.barrier_window, "reps": reps, "shift": {"boundary": 1, "k": 1},
     })  # fmt: skip
     tail = len(cuts)
     tail_barrier, head_barrier, pauses, tpot = [], [], [], {"noshift": [], "shift": []}
     for rep in range(reps):
-        for tag, planner, window in (("noshift", {"name": "noop"}, args.barrier_window), ("shift", {
-                "name": "forced_shift", "at_token": shift_at, "shift_k": 1, "boundary": 1}, args.window)):  # fmt: skip
-            run_dir = run(folder, cuts=cuts, tokens=tokens, window=window, planner=planner, tag=f"{tag}-{rep}")  # fmt: skip
+        arms = (
+            ("noshift", ["planner=noop", f"architecture.window={args.barrier_window}"]),
+            ("shift", ["planner=forced_shift", f"planner.at_token={shift_at}", "planner.shift_k=1",
+                       "planner.boundary=1", f"architecture.window={args.window}"]),
+        )  # fmt: skip
+        for tag, arm in arms:
+            run_dir = run(base, arm, tag=f"{tag}-{rep}")
             result = json.loads((run_dir / "result.json").read_text())
             tpot[tag].append(result["tpot_ms_median"])
             tail_barrier += [w["barrier_ms"] for w in still(records(run_dir, tail, "window"), cuts)]
             head_barrier += [w["barrier_ms"] for w in still(records(run_dir, 0, "window"), cuts)]
             if tag == "shift":
                 moves = {
-                    m["role"]: m for s in range(tail + 1) for m in records(run_dir, s, "migration")
+                    m["side"]: m for s in range(tail + 1) for m in records(run_dir, s, "migration")
                 }
                 recv, donor = moves["receiver"], moves["donor"]
                 commit_ms = max(recv["commit_ms"], donor["commit_ms"])
@@ -143,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     report.add_target("shift_pause_without_release_ms", summary["pause_median_ms"], 5.0, "<=")
     report.write(args.out)
     print(json.dumps(summary, indent=1), file=sys.stderr)
-    return 0
+    return report.exit_code(require_quiet=args.require_quiet)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,18 @@ vs the same over the RabbitMQ tensor transport; same data, batch size and steps,
 (b) U-shape over TCP: `splitlab.launch.train` nodes (coordinator, owner, worker), one round,
     no validation, no checkpoint; samples/s from the owner's trace (first PLAN to last step,
     so process start-up and model loading are left out);
-(c) the same with `transport=rabbitmq` (control stays on the embedded bus).
-Repetitions alternate (a), (b), (c) so machine noise hits all three; medians are reported.
+(c) the same with `transport=rabbitmq` (control stays on the embedded bus, except on a testbed);
+(d) with `--lowrank`: (b) with the low-rank cut (`finetune.sft`: R = `--rank`, residual
+    dropped, at `--sft-cuts`), whose traffic saving should show as time saved on a slow link.
+Repetitions alternate the arms so machine noise hits all of them; medians are reported, with
+each arm's wall-clock seconds and wire bytes per step (one step = one microbatch).
+
+With `--testbed NAME` (as root) the split arms run on that testbed (`testbed=NAME`: the owner
+on an edge host, the worker on the cloud host, over the shaped link; the launcher builds and
+removes it per run), the RabbitMQ arm with `control=rabbitmq` (the broker through the relay; the
+AMQP transport has no delay line, so that arm crosses the rate but not the one-way delay). The
+unsplit arm stays in the root namespace. `lowrank_time_saving` is (b)'s seconds per step over
+(d)'s: the traffic saving measured as time.
 (a) steps once per `--window` microbatches, like (b) and (c) step once per window.
 
 Each split result carries a profile from the owner's and worker's `window_profile` records:
@@ -22,6 +32,7 @@ that wait for descheduled siblings cost the 2-thread unsplit arm and the nodes a
 
     python tools/bench_ushape.py --quick --out /tmp/bench_ushape.json
     python tools/bench_ushape.py --steps 32 --reps 3 --out outputs/bench_ushape.json
+    python tools/bench_ushape.py --testbed edge_cloud_constrained --lowrank --steps 8 --reps 1
 """
 
 from __future__ import annotations
@@ -37,8 +48,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP
 
 import torch
 
-from splitlab.cli import compose_config
 from splitlab.config.enums import FinetuneMethod
+from splitlab.configure import compose_config
 from splitlab.launch.train import run_finetune
 from splitlab.models.load import load_model
 from splitlab.models.parts import build_parts, group
@@ -49,13 +60,20 @@ from splitlab.train.lora import apply_lora
 from splitlab.train.nodes import partition_parameters
 
 
-def overrides(args, transport: str) -> list[str]:
+def overrides(args, transport: str, *, lowrank: bool = False) -> list[str]:
+    testbed = [f"testbed={args.testbed}"] if args.testbed else []
+    if args.testbed and transport == "rabbitmq":
+        testbed.append("control=rabbitmq")  # the embedded bus is not reachable from the hosts
+    sft = [
+        "finetune.sft.enabled=true", f"finetune.sft.rank={args.rank}",
+        "finetune.sft.residual=drop", f"finetune.sft.cuts={args.sft_cuts}",
+    ] if lowrank else []  # fmt: skip
     return [
         f"model={args.model}", "architecture.owners=1", "architecture.workers=1",
         f"architecture.microbatches_per_window={args.window}", f"transport={transport}",
         "task.rounds=1", f"task.steps_per_round={args.steps}", "task.validate=false",
         "task.save_checkpoint=false", f"finetune.batch_size={args.batch_size}",
-        "architecture.adaptive_weights=false", *args.override,
+        "architecture.adaptive_weights=false", *testbed, *sft, *args.override,
     ]  # fmt: skip
 
 
@@ -113,13 +131,13 @@ def phase_profile(path: Path) -> dict[str, float]:
     return {k: round(v / max(microbatches, 1), 2) for k, v in sorted(totals.items())}
 
 
-def split_samples_per_s(args, transport: str) -> tuple[float, dict]:
-    """(b)/(c): a real 1 x 1 run; samples/s between the owner's first PLAN and last step."""
-    cfg = compose_config(overrides(args, transport))
+def split_samples_per_s(args, transport: str, *, lowrank: bool = False) -> tuple[float, dict]:
+    """(b)/(c)/(d): a real 1 x 1 run; samples/s between the owner's first PLAN and last step."""
+    cfg = compose_config(overrides(args, transport, lowrank=lowrank))
     cfg.run_dir = tempfile.mkdtemp(prefix=f"bench_ushape-{transport}-")
     code = run_finetune(cfg)
     if code != 0:
-        raise SystemExit(f"U-shape over {transport} failed with exit code {code}")
+        raise SystemExit(f"U-shape over {transport} failed with exit code {code} ({cfg.run_dir})")
     traces = Path(cfg.run_dir) / "traces"
     records = [json.loads(line) for line in (traces / "owner-0.jsonl").open()]
     plans = [r["ts_us"] for r in records if r["kind"] == "plan"]
@@ -130,12 +148,16 @@ def split_samples_per_s(args, transport: str) -> tuple[float, dict]:
     owner_ms = phase_profile(traces / "owner-0.jsonl")
     worker_ms = phase_profile(traces / "worker-0.jsonl")
     microbatches = sum(1 for r in records if r["kind"] == "forward")
+    wire_bytes = next(r["bytes"] for r in records if r["kind"] == "round")
     profile = {
         "seconds": seconds,
+        "s_per_step": seconds / max(microbatches, 1),
+        "bytes_per_step": wire_bytes / max(microbatches, 1),
+        "run_dir": cfg.run_dir,
         # owner + worker CPU (all threads) per sample: what the machine's load cannot inflate
         "cpu_ms_per_sample": (owner_ms["cpu_ms"] + worker_ms["cpu_ms"]) * microbatches / samples,
         "samples": samples,
-        "bytes": next(r["bytes"] for r in records if r["kind"] == "round"),
+        "bytes": wire_bytes,
         "copy_ms": {k: v for k, v in transport_rec.items() if k.endswith("_ms")},
         "owner_ms_per_microbatch": owner_ms,
         "worker_ms_per_microbatch": worker_ms,
@@ -150,6 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--window", type=int, default=8, help="microbatches per window")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--testbed", default=None, help="run the split arms on this testbed preset")
+    p.add_argument("--lowrank", action="store_true", help="add the low-rank cut arm (d)")
+    p.add_argument("--rank", type=int, default=8, help="R of the low-rank cut")
+    p.add_argument("--sft-cuts", default="both", help="finetune.sft.cuts of the low-rank arm")
     p.add_argument("--override", action="append", default=[], help="extra config override")
     p.add_argument("--node-env", action="append", default=[], metavar="KEY=VALUE",
                    help="environment of the node processes (not of the unsplit arm)")  # fmt: skip
@@ -160,25 +186,41 @@ def main(argv: list[str] | None = None) -> int:
     report = BenchReport(bench="ushape", config={
         "model": args.model, "steps": args.steps, "batch_size": args.batch_size,
         "window": args.window, "reps": args.reps, "overrides": args.override,
-        "node_env": args.node_env,
+        "node_env": args.node_env, "testbed": args.testbed, "lowrank": args.lowrank,
+        "rank": args.rank, "sft_cuts": args.sft_cuts,
     })  # fmt: skip
-    runs: dict[str, list[float]] = {"unsplit": [], "tcp": [], "rabbitmq": []}
+    arms = [("tcp", "tcp", False), ("rabbitmq", "rabbitmq", False)]
+    arms += [("tcp_lowrank", "tcp", True)] if args.lowrank else []
+    runs: dict[str, list[float]] = {"unsplit": [], **{name: [] for name, _, _ in arms}}
     cpu: dict[str, list[float]] = {name: [] for name in runs}  # CPU ms per sample
+    per_step: dict[str, list[float]] = {name: [] for name in runs}  # wall seconds per step
+    wire: dict[str, list[float]] = {name: [] for name in runs}  # bytes per step
     for rep in range(args.reps):
         unsplit_rate, unsplit = unsplit_samples_per_s(args)
         runs["unsplit"].append(unsplit_rate)
         cpu["unsplit"].append(unsplit["cpu_ms_per_sample"])
-        for transport in ("tcp", "rabbitmq"):
-            rate, profile = split_samples_per_s(args, transport)
-            runs[transport].append(rate)
-            cpu[transport].append(profile["cpu_ms_per_sample"])
-            report.add_result(rep=rep, transport=transport, samples_per_s=rate, **profile)
+        per_step["unsplit"].append(args.batch_size / unsplit_rate)
+        wire["unsplit"].append(0.0)
+        for name, transport, lowrank in arms:
+            rate, profile = split_samples_per_s(args, transport, lowrank=lowrank)
+            runs[name].append(rate)
+            cpu[name].append(profile["cpu_ms_per_sample"])
+            per_step[name].append(profile["s_per_step"])
+            wire[name].append(profile["bytes_per_step"])
+            report.add_result(rep=rep, transport=transport, arm=name, samples_per_s=rate, **profile)
         report.add_result(rep=rep, unsplit_samples_per_s=unsplit_rate, **unsplit)
         print(f"rep {rep}: " + ", ".join(f"{k} {v[-1]:.2f} samples/s" for k, v in runs.items()),
               file=sys.stderr)  # fmt: skip
     medians = {f"{k}_samples_per_s": median(v) for k, v in runs.items()}
     medians.update({f"{k}_cpu_ms_per_sample": median(v) for k, v in cpu.items()})
+    medians.update({f"{k}_s_per_step": median(v) for k, v in per_step.items()})
+    medians.update({f"{k}_bytes_per_step": median(v) for k, v in wire.items()})
     report.add_result(**medians)
+    if args.lowrank:  # the low-rank cut's traffic saving, and what it buys in wall-clock time
+        report.add_ratio("lowrank_bytes_saving",
+                         medians["tcp_bytes_per_step"] / medians["tcp_lowrank_bytes_per_step"])
+        report.add_ratio("lowrank_time_saving",
+                         medians["tcp_s_per_step"] / medians["tcp_lowrank_s_per_step"])  # fmt: skip
     # > 1: the split pair spends less CPU per sample than the unsplit process (load-proof)
     report.add_ratio("unsplit_cpu_over_tcp_cpu",
                      medians["unsplit_cpu_ms_per_sample"] / medians["tcp_cpu_ms_per_sample"])  # fmt: skip
@@ -190,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     report.add_target("tcp_over_rabbitmq", tcp_over_amqp, 3.0, ">=")
     report.write(args.out)
     print(json.dumps(medians, indent=1), file=sys.stderr)
-    return 0
+    return report.exit_code(require_quiet=args.require_quiet)
 
 
 if __name__ == "__main__":

@@ -20,17 +20,22 @@ import tempfile
 import time
 from pathlib import Path
 
-from splitlab.launch.ring import RingLayout, pick_base_port, spawn_stages
+from splitlab.configure import compose_config
+from splitlab.config.schema import Config
+from splitlab.launch.ring import spawn_stages
 
 HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
 WINDOW = 2
 START_S = 180.0  # spawn -> first barrier / ring done: three imports of torch take ~40 s on a busy 2-core host
 
 
-def _layout(name: str) -> RingLayout:
-    return RingLayout(model="echo", cuts=[1, 2], hosts=HOSTS, base_port=pick_base_port(HOSTS),
-                      run_id=f"ctrl-{name}", window=WINDOW, ctrl_timeout_s=2.0,
-                      planner={"name": "noop"})  # fmt: skip
+def _config(max_new_tokens: int) -> Config:
+    """Three echo stages of one block each on three loopback addresses, a barrier every W."""
+    return compose_config([
+        "task=infer", "model=tiny_llama", "model.num_layers=3", "architecture.cuts=[1,2]",
+        f"architecture.peer_hosts=[{','.join(HOSTS)}]", f"architecture.window={WINDOW}",
+        "architecture.ctrl_timeout_s=2.0", "planner=noop", f"task.max_new_tokens={max_new_tokens}",
+    ])  # fmt: skip
 
 
 def _records(run_dir: Path, stage: int, kind: str) -> list[dict]:
@@ -60,8 +65,7 @@ def _kill_all(procs: list) -> None:
 
 def happy(run_dir: Path, *, tokens: int = 12, fault: str | None = None) -> tuple[bool, str]:
     stage_args = {1: ["--ctrl-fault", fault]} if fault else None
-    procs = spawn_stages(_layout(fault or "happy"), run_dir=run_dir, stage_args=stage_args,
-                         head_args=["--max-new-tokens", str(tokens)])  # fmt: skip
+    procs = spawn_stages(_config(tokens), run_dir=run_dir, stage_args=stage_args, echo=True)
     try:
         codes = _wait(procs, START_S)
     finally:
@@ -81,8 +85,8 @@ def happy(run_dir: Path, *, tokens: int = 12, fault: str | None = None) -> tuple
 
 
 def kill(run_dir: Path) -> tuple[bool, str]:
-    procs = spawn_stages(_layout("kill"), run_dir=run_dir, stage_args={1: ["--ctrl-fault", "hang"]},
-                         head_args=["--max-new-tokens", "1000"])  # fmt: skip
+    procs = spawn_stages(_config(1000), run_dir=run_dir, stage_args={1: ["--ctrl-fault", "hang"]},
+                         echo=True)  # fmt: skip
     try:
         deadline = time.monotonic() + START_S
         while len(_records(run_dir, 0, "token")) < WINDOW + 1:  # the head reached the barrier

@@ -21,6 +21,7 @@ from pathlib import Path
 from splitlab.drift.contract import OBS_KEYS
 from splitlab.drift.inject import inject
 from splitlab.drift.live import LiveSource
+from splitlab.config.schema import DriftConfig
 from splitlab.drift.profiles import PROFILES, ProfileParams, generate
 from splitlab.drift.replay import ReplaySource
 from splitlab.drift.trace_io import TraceHeader, write_trace
@@ -119,10 +120,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--profile", default="one_slow_node", choices=sorted(PROFILES))
     ap.add_argument("--stages", type=int, default=3)
-    ap.add_argument("--tokens", type=int, default=400)
-    ap.add_argument("--seed", type=int, default=77)
-    ap.add_argument("--slow-stage", type=int, default=1)
-    ap.add_argument("--noise-var", type=float, default=0.5, help="degC^2; 0 must fail")
+    ap.add_argument("--tokens", type=int, default=DriftConfig.length_tokens)
+    ap.add_argument("--seed", type=int, default=DriftConfig.seed)
+    ap.add_argument("--slow-stage", type=int, default=DriftConfig.slow_stage)
+    ap.add_argument("--noise-var", type=float, default=DriftConfig.noise_var_degc2,
+                    help="degC^2; 0 must fail")  # fmt: skip
     ap.add_argument("--live-samples", type=int, default=10_000)
     ap.add_argument("--no-live", action="store_true", help="skip the live-sensor checks")
     args = ap.parse_args(argv)

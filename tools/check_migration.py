@@ -2,7 +2,7 @@
 
 Runs the ring as threads (in-process control pipes and KV channels) once without a shift and
 once per (boundary, k), each shifting at `--shift-at`, and compares token ids. Isolates
-migration from transport: if this passes and `check_equivalence.py --forced_shift_at` fails,
+migration from transport: if this passes and `check_equivalence.py planner=forced_shift` fails,
 look at the TCP channels.
 
     python tools/check_migration.py --tokens 40 --shift-at 20                  # SmolLM2
@@ -23,7 +23,7 @@ from splitlab.infer.planners import ForcedShift
 from splitlab.infer.prompt import encode_prompt
 from splitlab.infer.ring import GenParams
 from splitlab.infer.stage import resolve_model_folder
-from splitlab.infer.tiny import local_ring
+from splitlab.reference.tiny import local_ring
 
 PROMPT = "Write a long story about a robot who learns to paint."
 

@@ -18,15 +18,23 @@ import tempfile
 import time
 from pathlib import Path
 
+from splitlab.configure import compose_config
+from splitlab.config.schema import Config
 from splitlab.errors import ExitCode
-from splitlab.launch.ring import RingLayout, pick_base_port, spawn_stages
+from splitlab.infer.stage import RESULT_FILE
+from splitlab.launch.ring import spawn_stages
 
 HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+START_S = 180.0  # spawn -> ring done: three torch imports take most of a minute on a busy host
 
 
-def _layout(run_id: str) -> RingLayout:
-    return RingLayout(model="echo", cuts=[1, 2], hosts=HOSTS, base_port=pick_base_port(HOSTS),
-                      run_id=run_id, ctrl_host=HOSTS[0], extra=["--num-layers", "3"])  # fmt: skip
+def _config(max_new_tokens: int, *overrides: str) -> Config:
+    """Three echo stages of one block each on three loopback addresses, no control plane."""
+    return compose_config([
+        "task=infer", "model=tiny_llama", "model.num_layers=3", "architecture.cuts=[1,2]",
+        f"architecture.peer_hosts=[{','.join(HOSTS)}]", f"architecture.ctrl_host={HOSTS[0]}",
+        "architecture.window=0", f"task.max_new_tokens={max_new_tokens}", *overrides,
+    ])  # fmt: skip
 
 
 def _wait(procs, timeout_s: float) -> list[int | None]:
@@ -49,10 +57,9 @@ def _log(run_dir: Path, i: int) -> str:
 
 
 def happy(run_dir: Path) -> str | None:
-    result = run_dir / "result.json"
-    procs = spawn_stages(_layout("happy"), run_dir=run_dir,
-                         head_args=["--max-new-tokens", "8", "--result", str(result)])  # fmt: skip
-    codes = _wait(procs, 60)
+    result = run_dir / RESULT_FILE
+    procs = spawn_stages(_config(8), run_dir=run_dir, echo=True)
+    codes = _wait(procs, START_S)
     if codes != [0, 0, 0]:
         return f"exit codes {codes}; head log:\n{_log(run_dir, 0)[-2000:]}"
     out = json.loads(result.read_text())
@@ -71,10 +78,10 @@ def happy(run_dir: Path) -> str | None:
 
 
 def parity(run_dir: Path, *, relaxed: bool = False) -> str | None:
-    head_args = ["--max-new-tokens", "4"] + (["--no-strict-parity"] if relaxed else [])
-    procs = spawn_stages(_layout("parity"), run_dir=run_dir, head_args=head_args,
+    cfg = _config(4, *(["architecture.strict_parity=false"] if relaxed else []))
+    procs = spawn_stages(cfg, run_dir=run_dir, echo=True,
                          stage_args={1: ["--parity-override", "torch=0.0-skewed"]})  # fmt: skip
-    codes = _wait(procs, 60)
+    codes = _wait(procs, START_S)
     if relaxed:
         return None if codes == [0, 0, 0] else f"relaxed parity: exit codes {codes}"
     head = _log(run_dir, 0)
@@ -86,11 +93,9 @@ def parity(run_dir: Path, *, relaxed: bool = False) -> str | None:
 
 
 def kill(run_dir: Path) -> str | None:
-    procs = spawn_stages(
-        _layout("kill"), run_dir=run_dir, head_args=["--max-new-tokens", "1000000"]
-    )
+    procs = spawn_stages(_config(1000000), run_dir=run_dir, echo=True)
     trace = run_dir / "traces" / "stage-0.jsonl"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + START_S
     while time.monotonic() < deadline:
         if trace.is_file() and trace.read_text().count('"kind":"token"') >= 20:
             break

@@ -1,8 +1,11 @@
-"""Per-link alpha/beta from a ring run's traces: regress recv_wait[s] - compute[s-1] on bytes.
+"""Per-link figures from a run's traces: ring alpha/beta, and a testbed's measured paths.
 
     .venv/bin/python tools/derive_link_params.py outputs/RUN/traces [--json]
 
-Prints one row per link s-1 -> s. A link whose stages sit on one host (loopback) prints
+For a run on a testbed (RUN/testbed.json), first one row per shaped path that carried large
+frames: the rate its receiver timed and the delay its sender's delay line added, beside the
+nominal figures (analysis/links.py `shaped_paths`; any run, fine-tuning or ring). Then, for a
+ring, one row per link s-1 -> s: alpha/beta regressed from recv_wait[s] - compute[s-1] on bytes. A link whose stages sit on one host (loopback) prints
 NOT A LINK MEASUREMENT and the reason instead of numbers: there recv_wait is scheduling delay
 and memcpy, not a network. Exits 0 whenever the traces could be read.
 """
@@ -13,8 +16,9 @@ import argparse
 import json
 import sys
 
-from splitlab.analysis.links import derive_link_params, format_estimate
-from splitlab.analysis.traces import load_traces
+from splitlab.analysis.links import derive_link_params, format_estimate, format_path, shaped_paths
+from splitlab.analysis.traces import load_traces, traces_dir
+from splitlab.testbed.placement import RECORD_FILE
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,9 +26,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("traces", help="a run folder or its traces/ folder")
     parser.add_argument("--json", action="store_true", help="one JSON object per link instead")
     args = parser.parse_args(argv)
-    estimates = derive_link_params(load_traces(args.traces))
-    if not estimates:
-        print(f"no ring links in {args.traces}: no token records from two adjacent stages")
+    frame = load_traces(args.traces)
+    testbed = traces_dir(args.traces).parent / RECORD_FILE
+    paths = shaped_paths(frame, json.loads(testbed.read_text())) if testbed.is_file() else []
+    for path in paths:
+        print(json.dumps(path.to_dict()) if args.json else format_path(path))
+    estimates = derive_link_params(frame)
+    if not estimates and not paths:
+        print(f"no links in {args.traces}: no timed testbed paths, no token records from two "
+              "adjacent ring stages")  # fmt: skip
     for estimate in estimates:
         if args.json:
             record = estimate.to_dict()

@@ -1,46 +1,51 @@
 #!/usr/bin/env bash
-# Start one ring stage per host over ssh: one run id, one port set, one session key.
+# Start one ring stage per host over ssh: one config, one run id, one port set, one session key.
+# For edge devices that are not cluster nodes; on a cluster, run the stages as tasks of one
+# Slurm job (README, "Sweeps and runs on Slurm").
 #
-#   tools/launch_cluster.sh --hosts 10.0.0.1,10.0.0.2,10.0.0.3 --cuts 10,20 --tokens 64 \
-#       --model smollm2_135m --remote-dir ~/splitlab --python ~/splitlab/.venv/bin/python
+#   tools/launch_cluster.sh --hosts 10.0.0.1,10.0.0.2,10.0.0.3 --remote-dir ~/splitlab \
+#       --python ~/splitlab/.venv/bin/python -- architecture.cuts=[10,20] task.max_new_tokens=64
 #
-# Host i runs stage i, binds its own address and dials host i+1. Before anything starts, every
-# host is checked for a stale listener on its port (a leftover stage holding a port produces a
-# diagnostic that points at the wrong node); --kill-stale ends such a listener first and
-# verifies the port is free. The session key travels in the environment over ssh, never argv.
+# The config is composed here once (`splitlab task=infer <overrides> --cfg job`: the hosts, the
+# head as ctrl_host, the base port and everything after `--`), copied to every host's run
+# folder, and every host runs the one node command for its stage (`python -m splitlab.node
+# --config ... --role stage --rank i`). Host i binds its own address and dials host i+1. Before
+# anything starts, every host is checked for a stale listener on its port (a leftover stage
+# holding a port produces a diagnostic that points at the wrong node); --kill-stale ends such a
+# listener first and verifies the port is free. The session key travels on stdin over ssh into
+# the stage's environment, never argv.
 set -euo pipefail
 
-HOSTS="" CUTS="" TOKENS=64 MODEL=smollm2_135m BASE_PORT=29500 REMOTE_DIR="~/splitlab"
-PY=".venv/bin/python" PROMPT="What is the capital of France?" RUN_ID="" KILL_STALE=0 SSH_USER=""
-EXTRA=()
-usage() { sed -n '2,11p' "$0"; exit 2; }
+HOSTS="" BASE_PORT=29500 REMOTE_DIR="~/splitlab" PY=".venv/bin/python" RUN_ID="" KILL_STALE=0
+SSH_USER="" SPLITLAB="${SPLITLAB:-splitlab}" OVERRIDES=()
+usage() { sed -n '2,17p' "$0"; exit 2; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --hosts) HOSTS="$2"; shift 2 ;;
-    --cuts) CUTS="$2"; shift 2 ;;
-    --tokens) TOKENS="$2"; shift 2 ;;
-    --model) MODEL="$2"; shift 2 ;;
     --base-port) BASE_PORT="$2"; shift 2 ;;
     --remote-dir) REMOTE_DIR="$2"; shift 2 ;;
     --python) PY="$2"; shift 2 ;;
-    --prompt) PROMPT="$2"; shift 2 ;;
     --run-id) RUN_ID="$2"; shift 2 ;;
     --user) SSH_USER="$2@"; shift 2 ;;
     --kill-stale) KILL_STALE=1; shift ;;
-    --) shift; EXTRA=("$@"); break ;;
+    --) shift; OVERRIDES=("$@"); break ;;
     -h|--help) usage ;;
     *) echo "unknown option $1" >&2; usage ;;
   esac
 done
-[[ -n "$HOSTS" && -n "$CUTS" ]] || usage
+[[ -n "$HOSTS" ]] || usage
 IFS=, read -r -a HOST_LIST <<< "$HOSTS"
-IFS=, read -r -a CUT_LIST <<< "$CUTS"
-if (( ${#HOST_LIST[@]} != ${#CUT_LIST[@]} + 1 )); then
-  echo "--hosts lists ${#HOST_LIST[@]} hosts for ${#CUT_LIST[@]} cuts (need cuts + 1)" >&2; exit 2
-fi
 RUN_ID="${RUN_ID:-ring-$(date +%Y%m%d-%H%M%S)}"
 KEY="$(python3 -c 'import secrets; print(secrets.token_hex(32))')"
 HEAD="${HOST_LIST[0]}"
+RUN_DIR="outputs/$RUN_ID"
+
+# 0. one config for every stage (a config error stops here, naming the key).
+CONFIG="$(mktemp)"
+trap 'rm -f "$CONFIG"' EXIT
+"$SPLITLAB" task=infer "architecture.peer_hosts=[$HOSTS]" "architecture.stages=${#HOST_LIST[@]}" \
+  "architecture.ctrl_host=$HEAD" "architecture.base_port=$BASE_PORT" "${OVERRIDES[@]}" \
+  --cfg job > "$CONFIG"
 
 # 1. stale listeners: one port per stage, checked on the host that will bind it.
 for i in "${!HOST_LIST[@]}"; do
@@ -57,15 +62,19 @@ for i in "${!HOST_LIST[@]}"; do
   fi
 done
 
-# 2. start the stages, tail first; the head prints the text.
+# 2. the config into every host's run folder.
+for host in "${HOST_LIST[@]}"; do
+  ssh "${SSH_USER}${host}" "cd $REMOTE_DIR && mkdir -p $RUN_DIR && cat > $RUN_DIR/config.yaml" < "$CONFIG"
+done
+
+# 3. start the stages, tail first; the head prints the text.
 pids=()
 for (( i=${#HOST_LIST[@]}-1; i>=0; i-- )); do
   host="${HOST_LIST[$i]}"
-  args=(--stage "$i" --model "$MODEL" --cuts "$CUTS" --hosts "$HOSTS" --ctrl-host "$HEAD"
-        --base-port "$BASE_PORT" --run-id "$RUN_ID" --run-dir "outputs/$RUN_ID" "${EXTRA[@]}")
-  if (( i == 0 )); then args+=(--max-new-tokens "$TOKENS" --prompt "$PROMPT"); fi
+  args=(--config "$RUN_DIR/config.yaml" --role stage --rank "$i" --session "$RUN_ID"
+        --run-dir "$RUN_DIR")
   quoted="$(printf ' %q' "${args[@]}")"
-  ( ssh "${SSH_USER}${host}" "cd $REMOTE_DIR && SPLITLAB_SESSION_KEY=\$(cat) exec $PY -m splitlab.infer.stage$quoted" \
+  ( ssh "${SSH_USER}${host}" "cd $REMOTE_DIR && SPLITLAB_SESSION_KEY=\$(cat) exec $PY -m splitlab.node$quoted" \
       <<< "$KEY" 2>&1 | sed "s/^/[stage $i ${host}] /" ) &
   pids+=($!)
 done

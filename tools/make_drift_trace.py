@@ -3,9 +3,10 @@
     .venv/bin/python tools/make_drift_trace.py --profile one_slow_node --stages 3 --tokens 400 --seed 77 --out drift.jsonl
     splitlab task=infer drift=one_slow_node drift.trace=drift.jsonl
 
-Profiles: steady | thermal_ramp | one_slow_node | oscillating | link_degrade. The drifting
-stage is --slow-stage (it heats, is slow, oscillates with --period tokens, or its outgoing
-link degrades); --phi is the slowdown it reaches. Every other stage stays nominal.
+Profiles: steady | thermal_ramp | one_slow_node | oscillating | link_degrade | cpu_throttle.
+The drifting stage is --slow-stage (it heats, is slow, oscillates with --period tokens, its CPU
+is cut from token --period on, or its outgoing link degrades); --phi is the slowdown it
+reaches. Every other stage stays nominal.
 
 Schema (documented in full in splitlab/drift/trace_io.py):
     line 1   {"kind": "drift_header", "version": 1, "profile", "num_stages", "length_tokens",
@@ -22,6 +23,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from splitlab.config.schema import DriftConfig
 from splitlab.drift.profiles import PROFILES, ProfileParams, generate
 from splitlab.drift.trace_io import TraceHeader, write_trace
 from splitlab.errors import ConfigError
@@ -32,11 +34,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--profile", required=True, choices=sorted(PROFILES))
     ap.add_argument("--out", required=True, type=Path, help="trace path to write (JSONL)")
     ap.add_argument("--stages", type=int, default=3, help="ring stages")
-    ap.add_argument("--tokens", type=int, default=400, help="trace length in decode tokens")
-    ap.add_argument("--seed", type=int, default=77, help="seeds each stage's resting point")
-    ap.add_argument("--slow-stage", type=int, default=1, help="the drifting stage")
-    ap.add_argument("--phi", type=float, default=1.5, help="slowdown factor reached (>= 1)")
-    ap.add_argument("--period", type=int, default=60, help="oscillation period / ramp tokens")
+    d = DriftConfig  # the drift group's schema holds every default
+    ap.add_argument("--tokens", type=int, default=d.length_tokens, help="trace length (tokens)")
+    ap.add_argument("--seed", type=int, default=d.seed, help="seeds each stage's resting point")
+    ap.add_argument("--slow-stage", type=int, default=d.slow_stage, help="the drifting stage")
+    ap.add_argument("--phi", type=float, default=d.phi, help="slowdown factor reached (>= 1)")
+    ap.add_argument("--period", type=int, default=d.period_tokens, help="oscillation / ramp tokens")
     return ap.parse_args(argv)
 
 

@@ -4,7 +4,7 @@ Every run starts from the same weights (MiniLM + one random classifier head), se
 microbatches in the same order with the same seed, and takes the same number of AdamW steps
 (full fine-tuning, one step per microbatch, lr 1e-4 for every tensor; `Study` has separate
 rates for the classifier and the low-rank factors). Owner and worker run their real schedulers
-in two threads over loopback TCP (`splitlab.sft.loopback`); bytes per step are read from the owner's
+in two threads over loopback TCP (`splitlab.train.loopback`); bytes per step are read from the owner's
 transport frame counters. Grid: the baseline (no low-rank cut) and R in {1, 8, 32} x split
 depth {lower: the front -> body cut after block 1, upper: the body -> tail cut after block 4,
 of blocks 0..5} x residual {keep, drop}. Both cuts exist in every run (front = blocks 0-1,
@@ -39,7 +39,6 @@ from splitlab.config.enums import (
     DataDistribution,
     DataSource,
     DType,
-    Family,
     ModelSource,
     ResidualMode,
     SftCut,
@@ -50,10 +49,10 @@ from splitlab.data.owners import build_owner_datasets
 from splitlab.models.load import load_model
 from splitlab.models.parts import LOWRANK_IN, LOWRANK_OUT
 from splitlab.models.plan import u_shape_plan
-from splitlab.sft.loopback import run_loopback
-from splitlab.sft.parts import build_training_parts
+from splitlab.train.loopback import run_loopback
 from splitlab.train.nodes import OwnerNode, WorkerNode, partition_parameters
 from splitlab.train.owner import SchedulerSettings
+from splitlab.train.parts import build_training_parts
 from splitlab.train.validate import evaluate, part_chain
 
 LOG = logging.getLogger("sft_rank")
@@ -153,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     study = QUICK if args.quick else FULL
     args.out.mkdir(parents=True, exist_ok=True)
     model_cfg = ModelConfig(
-        name="minilm", family=Family.bert, source=ModelSource.packaged, id="minilm",
+        name="minilm", family="bert", source=ModelSource.packaged, id="minilm",
         num_layers=NUM_LAYERS, hidden_size=HIDDEN, num_labels=2, dtype=DType.fp32,
     )  # fmt: skip
     data_cfg = DataConfig(

@@ -1,11 +1,16 @@
-"""Cost-model fits (decode, prefill, link) by least squares, and the calibration record's shape.
+"""Cost-model fits (decode, prefill, link, load) by least squares, and the calibration record.
 
     .venv/bin/pytest tests/unit/test_analysis_fits.py -q
 
 Pure: every function takes arrays or dicts and returns values. A fit that the data cannot
-support (fewer than 3 points, too few distinct x for the model, non-finite values) returns a
-`NoFit` that says why instead of inventing coefficients. A fit that succeeds but is unphysical
-(a negative quadratic prefill term, a negative per-byte cost) carries a warning.
+support (no more distinct x values than the model has parameters, so the curve would pass
+through every point and r^2 = 1 would say nothing; non-finite values) returns a `NoFit` that
+says why instead of inventing coefficients. A fit that succeeds but is unphysical (a negative
+quadratic prefill term, a negative per-byte cost) carries a warning.
+
+`load_cost(record)` reads L_n, the time to load n blocks from the checkpoint (`"load"` of a
+calibration record: `fixed_ms + per_block_ms * n`), for a planner's migration-cost term;
+`select_record(document, key)` picks a record out of a calibration file's document.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ MODELS: dict[str, tuple[tuple[str, ...], int]] = {
     "decode": (("c0", "c1"), 1),  # ms per block per step = c0 + c1 * (P + t)
     "prefill": (("d0", "d1", "d2"), 2),  # ms per block = d0 + d1 * P + d2 * P^2
     "link": (("alpha_ms", "beta_ms_per_byte"), 1),  # ms per message = alpha + beta * bytes
+    "load": (("fixed_ms", "per_block_ms"), 1),  # L_n: ms to load n blocks = fixed + per_block * n
 }
 
 
@@ -67,13 +73,18 @@ def _polyfit(
     if x_arr.shape != y_arr.shape:
         raise ValueError(f"{model} fit: {x_arr.size} x values but {y_arr.size} y values")
     n = int(x_arr.size)
-    if n < MIN_POINTS:
-        return NoFit(model, f"{n} points; a fit needs at least {MIN_POINTS}", n)
+    # More points than parameters, or the curve interpolates and r^2 = 1 says nothing; points
+    # at one x only repeat a value, so they count once.
+    need = max(MIN_POINTS, degree + 2)
+    if n < need:
+        return NoFit(model, f"{n} points; a {model} fit needs at least {need}, more than its "
+                     f"{degree + 1} parameters", n)  # fmt: skip
     if not (np.isfinite(x_arr).all() and np.isfinite(y_arr).all()):
         return NoFit(model, "non-finite x or y values", n)
     distinct = int(np.unique(x_arr).size)
-    if distinct < degree + 1:
-        return NoFit(model, f"{distinct} distinct x values; {model} needs {degree + 1}", n)
+    if distinct < need:
+        return NoFit(model, f"{distinct} distinct x values; a {model} fit needs at least {need}, "
+                     f"more than its {degree + 1} parameters", n)  # fmt: skip
     # Columns scaled to [-1, 1] so P^2 ~ 1e8 next to 1 does not wreck the conditioning.
     scale = float(np.max(np.abs(x_arr))) or 1.0
     design = np.vander(x_arr / scale, degree + 1, increasing=True)
@@ -99,6 +110,8 @@ def _physical_warnings(model: str, params: Mapping[str, float]) -> tuple[str, ..
         out.append("beta < 0: unphysical; the sizes do not span enough bytes to see the link")
     if model == "link" and params["alpha_ms"] < 0:
         out.append("alpha < 0: unphysical latency intercept")
+    if model == "load" and params["per_block_ms"] <= 0:
+        out.append("per_block_ms <= 0: unphysical; loading more blocks cannot take less time")
     return tuple(out)
 
 
@@ -119,6 +132,12 @@ def fit_link(nbytes: Sequence[float] | np.ndarray, ms: Sequence[float] | np.ndar
     return _polyfit("link", nbytes, ms)
 
 
+def fit_load(num_blocks: Sequence[float] | np.ndarray, ms: Sequence[float] | np.ndarray
+             ) -> Fit | NoFit:  # fmt: skip
+    """L_n = `fixed_ms + per_block_ms * n`: the time to load n blocks from the checkpoint."""
+    return _polyfit("load", num_blocks, ms)
+
+
 def fit_or_null(result: Fit | NoFit) -> dict[str, Any] | None:
     """The JSON value of a fit: its dict, or null when it was not (or could not be) observed."""
     return result.to_dict() if isinstance(result, Fit) else None
@@ -134,7 +153,9 @@ class CalibrationResult:
     """One calibration record. Every measurement is null unless it was observed.
 
     `weight_load_ms` is `{"ms": float, "cache": "cold" | "warm" | "unknown"}`; `link` is
-    `{"alpha_ms", "beta_ms_per_byte", "r2", "n", "loopback"}`; `swap_ms`, `contention` and
+    `{"alpha_ms", "beta_ms_per_byte", "r2", "n", "loopback"}`; `load` is L_n, the fit of the
+    time to load n blocks: `{"fixed_ms", "per_block_ms", "params", "r2", "n", "points": [[n,
+    ms], ...], "cache", "warnings"}` (read it with `load_cost`); `swap_ms`, `contention` and
     `thermal` are whatever the calibrator observed, else None.
     """
 
@@ -148,6 +169,7 @@ class CalibrationResult:
     weight_load_ms: dict[str, Any] | None = None
     swap_ms: float | None = None
     link: dict[str, Any] | None = None
+    load: dict[str, Any] | None = None
     contention: dict[str, Any] | None = None
     thermal: dict[str, Any] | None = None
     version: int = CALIBRATION_VERSION
@@ -169,7 +191,7 @@ class CalibrationResult:
             "dtype": self.dtype, "calibrated": self.calibrated, "warnings": list(self.warnings),
             "fits": {"decode": self.decode, "prefill": self.prefill},
             "weight_load_ms": self.weight_load_ms, "swap_ms": self.swap_ms, "link": self.link,
-            "contention": self.contention, "thermal": self.thermal,
+            "load": self.load, "contention": self.contention, "thermal": self.thermal,
         })  # fmt: skip
 
     @classmethod
@@ -181,10 +203,65 @@ class CalibrationResult:
             calibrated=bool(data.get("calibrated", False)),
             warnings=tuple(data.get("warnings") or ()), decode=fits.get("decode"),
             prefill=fits.get("prefill"), weight_load_ms=data.get("weight_load_ms"),
-            swap_ms=data.get("swap_ms"), link=data.get("link"),
+            swap_ms=data.get("swap_ms"), link=data.get("link"), load=data.get("load"),
             contention=data.get("contention"), thermal=data.get("thermal"),
             version=int(data.get("version", CALIBRATION_VERSION)),
         )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LoadCost:
+    """L_n = `fixed_ms + per_block_ms * n`: ms to load n blocks (a migration's weight term)."""
+
+    fixed_ms: float
+    per_block_ms: float
+    r2: float | None = None
+    cache: str = "unknown"  # the page cache when it was timed: cold, warm or unknown
+
+    def ms(self, num_blocks: int) -> float:
+        """Predicted load time of `num_blocks` blocks; 0 for none."""
+        return self.fixed_ms + self.per_block_ms * num_blocks if num_blocks > 0 else 0.0
+
+
+def load_cost(record: Mapping[str, Any]) -> LoadCost:
+    """L_n of one calibration record (its `"load"`, written by `task=calibrate`).
+
+    Raises:
+        ValueError: naming `load` when the record has no usable fit (not measured, refused
+            for too few points, or non-finite / negative coefficients).
+    """
+    load = record.get("load")
+    if not isinstance(load, Mapping):
+        raise ValueError(f"record {record.get('model')}|{record.get('device')}: no `load` fit "
+                         "(calibrate with the load probe: --only load)")  # fmt: skip
+    fixed, per_block = load.get("fixed_ms"), load.get("per_block_ms")
+    if not isinstance(fixed, (int, float)) or not isinstance(per_block, (int, float)):
+        why = "; ".join(load.get("warnings") or ()) or "fixed_ms/per_block_ms missing"
+        raise ValueError(f"load: no fit ({why})")
+    if not (math.isfinite(fixed) and math.isfinite(per_block)) or per_block <= 0:
+        raise ValueError(f"load: fixed_ms={fixed}, per_block_ms={per_block}: need finite, "
+                         "per_block_ms > 0")  # fmt: skip
+    cache = str(load.get("cache", "unknown"))
+    return LoadCost(float(fixed), float(per_block), load.get("r2"), cache)
+
+
+def select_record(document: Mapping[str, Any], key: str | None = None) -> Mapping[str, Any]:
+    """The record under `key` (`calibration_key`) in a calibration file's document, or its only
+    record when `key` is None; a bare record (no `records`) is returned as is.
+
+    Raises:
+        ValueError: naming the key, or the keys there are, when the choice is not clear.
+    """
+    records = document.get("records")
+    if not isinstance(records, Mapping):
+        return document
+    if key is not None:
+        if key not in records:
+            raise ValueError(f"calibration key {key!r} not in {sorted(records)}")
+        return records[key]
+    if len(records) != 1:
+        raise ValueError(f"{len(records)} calibration records {sorted(records)}: name a key")
+    return next(iter(records.values()))
 
 
 def _finite(value: Any) -> Any:

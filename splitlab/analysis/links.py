@@ -18,6 +18,9 @@ Assumptions, and where they break:
   r^2 and n, and prefer traces whose byte spread does not come only from prefill.
 - Beta needs at least two distinct payload sizes; a decode-only trace (fixed 1 x 1 x H
   payload) gives a `NoFit` that says so.
+- On a testbed (the run folder holds testbed.json) `shaped_paths` measures each shaped path
+  directly instead: the receiving TCP transport times large frames as they cross it, and the
+  sender's delay line reports how long it held frames; both sit in the `transport` records.
 - On loopback (or two stages on one host) recv_wait is mostly peer scheduling delay, which on
   a contended host dwarfs the transfer. Such links are flagged `loopback=True` and the tool
   prints NOT A LINK MEASUREMENT instead of numbers.
@@ -25,6 +28,7 @@ Assumptions, and where they break:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +36,7 @@ import pandas as pd
 
 from splitlab.analysis.fits import Fit, NoFit, fit_link
 from splitlab.analysis.traces import TraceFormatError, select
-from splitlab.wire.endpoint import is_loopback
+from splitlab.hosts import is_loopback
 
 NOT_A_LINK = "NOT A LINK MEASUREMENT"
 _WILDCARD = {"0.0.0.0", "::", ""}
@@ -165,3 +169,96 @@ def format_estimate(estimate: LinkEstimate) -> str:
     row = (f"{head}  alpha_ms={estimate.alpha_ms:.4f}  beta_ms_per_byte={estimate.beta_ms_per_byte:.4e}"
            f"  (~{mb_per_s:.1f} MB/s)  r2={r2}")  # fmt: skip
     return f"{row}  note: {estimate.note}" if estimate.note else row
+
+
+# --- links of a testbed run: measured from the transport's own counters ------------------------
+
+
+@dataclass(frozen=True)
+class PathEstimate:
+    """The shaped path `src_host -> dst_host` of a testbed run: nominal and measured figures.
+
+    `rate_mbit` is what the receiving transport timed while large frames crossed the path
+    (`rx.<peer>.stream_*` counters, wire/tcp_reader.py); `delay_ms` the least time the
+    sender's delay line held a frame (`held_ms`), where the delay is added in the transport, and
+    `delay_mean_ms` its mean (which adds the line's lateness on a busy host).
+    """
+
+    src: str  # sending node, e.g. "owner0"
+    dst: str
+    src_host: str
+    dst_host: str
+    frames: int
+    nominal_mbit: float
+    rate_mbit: float | None
+    nominal_delay_ms: float
+    delay_ms: float | None
+    delay_mean_ms: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+_NODE = re.compile(r"([a-z_]+?)(\d+)")  # a node's name: its role, then its rank
+
+
+def node_host(record: dict[str, Any], node: str) -> str | None:
+    """The testbed host of node `node` ("worker0", "owner1") from testbed.json's placement."""
+    match = _NODE.fullmatch(node)
+    hosts = record.get("placement", {}).get(match.group(1)) if match else None
+    return hosts[int(match.group(2)) % len(hosts)] if match and hosts else None
+
+
+def _nominal(record: dict[str, Any], a: str, b: str) -> tuple[float, float]:
+    """(rate Mbit/s, one-way delay ms) from host a to b: a's up and b's down, delays added."""
+    la, lb = (record["links"].get(h, {}).get("nominal", {}) for h in (a, b))
+    rates = [r for r in (la.get("up_mbit", 0.0), lb.get("down_mbit", 0.0)) if r > 0]
+    return (min(rates) if rates else 0.0), la.get("delay_ms", 0.0) + lb.get("delay_ms", 0.0)
+
+
+def shaped_paths(frame: pd.DataFrame, record: dict[str, Any]) -> list[PathEstimate]:
+    """One estimate per (sender, receiver) whose frames were timed, for a run on a testbed
+    (`record`: the run's testbed.json). Paths within one host are left out."""
+    wire = select(frame, "transport")
+    if wire.empty:
+        return []
+    last = wire.groupby(["role", "rank"], sort=True).tail(1)  # counters are cumulative
+    held: dict[tuple[str, str], dict[str, float]] = {}
+    for row in last.to_dict("records"):
+        sent = row.get("held_ms")
+        if isinstance(sent, dict):
+            for peer, figures in sent.items():
+                held[(f"{row['role']}{int(row['rank'])}", peer)] = figures
+    out: list[PathEstimate] = []
+    for row in last.to_dict("records"):
+        dst = f"{row['role']}{int(row['rank'])}"
+        for key in sorted(k for k in row if k.startswith("rx.") and k.endswith(".stream_bytes")):
+            src = key[len("rx.") : -len(".stream_bytes")]
+            nbytes, ms = row[key], row.get(f"rx.{src}.stream_ms")
+            src_host, dst_host = node_host(record, src), node_host(record, dst)
+            if pd.isna(nbytes) or src_host is None or dst_host is None or src_host == dst_host:
+                continue
+            rate, delay = _nominal(record, src_host, dst_host)
+            out.append(PathEstimate(
+                src=src, dst=dst, src_host=src_host, dst_host=dst_host,
+                frames=int(row.get(f"rx.{src}.stream_frames") or 0), nominal_mbit=rate,
+                rate_mbit=nbytes * 8 / (ms * 1e3) if ms and ms > 0 else None,
+                nominal_delay_ms=delay, delay_ms=held.get((src, dst), {}).get("min_ms"),
+                delay_mean_ms=held.get((src, dst), {}).get("mean_ms"),
+            ))  # fmt: skip
+    return out
+
+
+def format_path(path: PathEstimate) -> str:
+    """One table row: measured vs nominal rate and delay, with the ratio."""
+
+    def vs(measured: float | None, nominal: float, unit: str) -> str:
+        if measured is None:
+            return f"n/a (nominal {nominal:g} {unit})"
+        ratio = f" = {measured / nominal:.3f}x" if nominal > 0 else ""
+        return f"{measured:.2f} {unit} (nominal {nominal:g}{ratio})"
+
+    return (f"path {path.src}@{path.src_host} -> {path.dst}@{path.dst_host} frames={path.frames}"
+            f"  rate {vs(path.rate_mbit, path.nominal_mbit, 'Mbit/s')}"
+            f"  delay {vs(path.delay_ms, path.nominal_delay_ms, 'ms')}"
+            f"  mean held {path.delay_mean_ms if path.delay_mean_ms is not None else 'n/a'} ms")  # fmt: skip

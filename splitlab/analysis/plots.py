@@ -10,7 +10,7 @@ a figure is about raises ValueError naming it, rather than returning empty axes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -22,12 +22,17 @@ from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 
 from splitlab.analysis.fits import Fit, NoFit
+from splitlab.analysis.formatting import bytes_scale, unit_of
+from splitlab.analysis.result import loss_unit, merged_figures
+from splitlab.telemetry.records import round_number
 
 _X_LABELS = {
     "decode": "context P + t (tokens)",
     "prefill": "prompt length P (tokens)",
     "link": "payload (bytes)",
+    "load": "blocks loaded n",
 }
+_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")
 
 
 def _require(frame: pd.DataFrame | None, columns: Iterable[str], what: str) -> pd.DataFrame:
@@ -121,24 +126,52 @@ def plot_ring_timeline(
     return fig
 
 
-def plot_training_rounds(rounds: pd.DataFrame) -> Figure:
-    """Loss and accuracy per round, one line per owner."""
-    _require(rounds, ("round", "owner", "loss", "accuracy"), "training rounds")
-    fig = Figure(figsize=(10, 4), layout="constrained")
-    ax_loss, ax_acc = fig.subplots(1, 2, sharex=True)
-    for owner, rows in rounds.sort_values("round").groupby("owner", sort=True):
-        ax_loss.plot(rows["round"], rows["loss"], marker="o", label=f"owner {_name(owner)}")
-        ax_acc.plot(rows["round"], rows["accuracy"], marker="o", label=f"owner {_name(owner)}")
-    ax_loss.set(xlabel="round", ylabel="loss (nats per token)", title="loss per round")
-    ax_acc.set(xlabel="round", ylabel="accuracy (fraction)", title="accuracy per round")
-    ax_acc.legend(fontsize="small")
-    ax_loss.xaxis.set_major_locator(MaxNLocator(integer=True))
+def _node(value: object) -> str:
+    """A legend label for an owner or worker id: "owner0" as it is, a bare rank 0 as "owner 0"."""
+    name = _name(value)
+    return name if name[:1].isalpha() else f"owner {name}"
+
+
+def plot_training_rounds(
+    rounds: pd.DataFrame, final: Mapping[str, object] | None = None
+) -> Figure:
+    """The owners' validation loss per round, one line per owner, beside their accuracy (a
+    classifier) or perplexity (a causal LM); with `final` (final_metrics.json) the merged
+    model's test figures are a black star at its round."""
+    _require(rounds, ("round", "owner", "loss"), "training rounds")
+    accuracy = rounds.get("accuracy", pd.Series(dtype=float))
+    perplexity = rounds.get("perplexity", pd.Series(dtype=float))
+    second = ("accuracy", "accuracy (fraction)") if accuracy.notna().any() else (
+        ("perplexity", "perplexity (exp of nats per token)") if perplexity.notna().any() else None
+    )  # fmt: skip
+    fig = Figure(figsize=(10, 4) if second else (6, 4), layout="constrained")
+    axes = list(np.atleast_1d(fig.subplots(1, 2 if second else 1, sharex=True)))
+    unit = loss_unit(accuracy=accuracy, perplexity=perplexity)
+    panels = [(axes[0], "loss", f"loss (cross-entropy, {unit})")]
+    if second:
+        panels.append((axes[1], *second))
+    test = merged_figures(final)
+    for ax, column, ylabel in panels:
+        for owner, rows in rounds.sort_values("round").groupby("owner", sort=True):
+            x = rows["round"].map(round_number)  # traces count from 0, people from 1
+            ax.plot(x, rows[column], marker="o", label=_node(owner))
+        if f"test_{column}" in test and final is not None:
+            ax.plot([final["round"]], [test[f"test_{column}"]], marker="*", ms=14, ls="none",
+                    color="black", label="merged model (test)")  # fmt: skip
+        ax.set(xlabel="round", ylabel=ylabel, title=f"{column} per round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[-1].legend(fontsize="small")
+    fig.suptitle("owners' validation before each FedAvg", fontsize="medium")
     return fig
 
 
 def plot_wrr(wrr: pd.DataFrame) -> Figure:
     """Microbatches each worker was allocated per window, stacked by worker; one panel per owner."""
     _require(wrr, ("window", "owner", "worker", "count"), "WRR allocation")
+    workers = wrr["worker"].unique()
+    if len(workers) < 2:
+        raise ValueError(f"WRR allocation: one worker ({_name(workers[0])}) takes every "
+                         "microbatch, there is nothing to allocate")  # fmt: skip
     owners = sorted(wrr["owner"].unique())
     fig = Figure(figsize=(10, 2.5 * len(owners) + 0.5), layout="constrained")
     axes = np.atleast_1d(fig.subplots(len(owners), 1, sharex=True, squeeze=False)[:, 0])
@@ -148,26 +181,30 @@ def plot_wrr(wrr: pd.DataFrame) -> Figure:
         )
         bottom = np.zeros(len(table))
         for worker in table.columns:
-            ax.bar(table.index, table[worker], bottom=bottom, label=f"worker {_name(worker)}")
+            ax.bar(table.index, table[worker], bottom=bottom, label=_name(worker))
             bottom += table[worker].to_numpy()
-        ax.set(ylabel="microbatches", title=f"WRR allocation, owner {_name(owner)}")
+        ax.set(ylabel="microbatches", title=f"WRR allocation, {_node(owner)}")
         ax.legend(fontsize="small", loc="upper right")
     axes[-1].set_xlabel("window")
     return fig
 
 
 def plot_bytes_per_microbatch(microbatches: pd.DataFrame) -> Figure:
-    """Payload bytes of each microbatch in trace order, one series per lane."""
+    """Payload bytes of each microbatch in trace order, one panel per lane (an activation and
+    its gradient have the same shape, so on one axis their lines would hide each other)."""
     _require(microbatches, ("bytes", "lane"), "bytes per microbatch")
     order = "ts_us" if "ts_us" in microbatches.columns else "microbatch"
-    fig = Figure(figsize=(10, 4), layout="constrained")
-    ax = fig.subplots()
-    for lane, rows in microbatches.sort_values(order).groupby("lane", sort=True):
-        ax.plot(np.arange(len(rows)), rows["bytes"].to_numpy() / 1024, marker=".", lw=0.8,
-                label=_name(lane))  # fmt: skip
-    ax.set(xlabel="microbatch (trace order, per lane)", ylabel="payload (KiB)",
-           title="bytes per microbatch per lane")  # fmt: skip
-    ax.legend(fontsize="small")
+    lanes = list(microbatches.sort_values(order).groupby("lane", sort=True))
+    divisor, unit = bytes_scale(pd.to_numeric(microbatches["bytes"]).max())
+    fig = Figure(figsize=(10, 1.2 + 2.2 * len(lanes)), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(len(lanes), 1, squeeze=False)[:, 0])
+    for i, (ax, (lane, rows)) in enumerate(zip(axes, lanes, strict=True)):
+        ax.plot(np.arange(1, len(rows) + 1), rows["bytes"].to_numpy() / divisor, marker=".",
+                lw=0.8, color=_COLORS[i % len(_COLORS)], label=_name(lane))  # fmt: skip
+        ax.set(ylabel=f"payload ({unit})", title=f"{_name(lane)} lane")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[-1].set_xlabel("microbatch (trace order, per lane)")
+    fig.suptitle("bytes per microbatch", fontsize="medium")
     return fig
 
 
@@ -240,10 +277,12 @@ def plot_transport(totals: pd.DataFrame) -> Figure:
     _require(totals, ("role", "rank", "lane", "direction", "bytes"), "transport bytes")
     fig = Figure(figsize=(8, 4), layout="constrained")
     ax = fig.subplots()
-    labels = [f"{r}-{_name(k)} {lane} {d}" for r, k, lane, d in
+    labels = [f"{r}{_name(k)} {lane} {d}" for r, k, lane, d in
               totals[["role", "rank", "lane", "direction"]].itertuples(index=False)]  # fmt: skip
-    ax.barh(labels, pd.to_numeric(totals["bytes"], errors="coerce").fillna(0) / 2**20)
-    ax.set(xlabel="MiB", title="bytes per process and lane")
+    values = pd.to_numeric(totals["bytes"], errors="coerce").fillna(0)
+    divisor, unit = bytes_scale(values.max())
+    ax.barh(labels, values / divisor)
+    ax.set(xlabel=f"bytes ({unit})", title="bytes per process and lane")
     return fig
 
 
@@ -259,16 +298,19 @@ def plot_sweep(table: pd.DataFrame, *, x: str, y: str, label: str | None = None)
     fig = Figure(figsize=(7, 4), layout="constrained")
     ax = fig.subplots()
     numeric = pd.to_numeric(data[x], errors="coerce").notna().all()
+    unit = unit_of(y)
+    divisor, shown = bytes_scale(data[y].max()) if unit == "bytes" else (1.0, unit)
     positions = {v: i for i, v in enumerate(dict.fromkeys(data[x].astype(str)))}
     groups = data.groupby(label, sort=True) if label else [("", data)]
     for name, rows in groups:
         xs = (pd.to_numeric(rows[x]) if numeric else rows[x].astype(str).map(positions)).to_numpy()
         order = np.argsort(xs, kind="stable")
-        ax.plot(xs[order], rows[y].to_numpy(dtype=float)[order], marker="o",
+        ax.plot(xs[order], rows[y].to_numpy(dtype=float)[order] / divisor, marker="o",
                 label=f"{label}={_name(name)}" if label else None)  # fmt: skip
     if not numeric:
         ax.set_xticks(list(positions.values()), list(positions), rotation=20, fontsize="small")
-    ax.set(xlabel=x, ylabel=y, title=f"{y} over the sweep ({len(data)} jobs)")
+    ax.set(xlabel=x, ylabel=f"{y} ({shown})" if shown else y,
+           title=f"{y} over the sweep ({len(data)} jobs)")  # fmt: skip
     if label:
         ax.legend(fontsize="small")
     return fig

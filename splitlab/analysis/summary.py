@@ -17,7 +17,8 @@ import numpy as np
 import pandas as pd
 
 from splitlab.analysis.links import derive_link_params
-from splitlab.analysis.traces import REQUIRED_FIELDS, select, transport_by_lane
+from splitlab.analysis.traces import ANALYSED_KINDS, select, transport_by_lane
+from splitlab.telemetry.records import round_number
 
 # Headline figures in the order a report lists them (name -> what it is, with its unit).
 FIGURE_DOCS: dict[str, str] = {
@@ -31,13 +32,16 @@ FIGURE_DOCS: dict[str, str] = {
     "barrier_ms_median": "median barrier time at the head, ms",
     "num_migrations": "committed block moves",
     "num_rounds": "federated rounds recorded",
-    "final_loss": "mean over owners of the last round's validation loss",
-    "final_accuracy": "mean over owners of the last round's validation accuracy",
+    "owners_val_loss": "mean over owners of the last round's validation loss, before FedAvg",
+    "owners_val_accuracy": "mean over owners of the last round's validation accuracy, before "
+    "FedAvg (not the merged model: that is final_metrics.json)",
     "num_microbatches": "microbatch records (all lanes)",
     "microbatch_bytes": "payload bytes of every microbatch record",
     "fwd_ms_median": "median forward time per microbatch, ms",
     "bwd_ms_median": "median backward time per microbatch, ms",
     "transport_bytes_sent": "bytes sent over every lane (last counter snapshot per process)",
+    "trace_span_s": "first to last trace record of any process, s (not the whole job: "
+    "final_metrics.json's wall_s is)",
 }
 
 
@@ -46,7 +50,7 @@ def kinds_present(frame: pd.DataFrame) -> list[str]:
     if "kind" not in frame.columns:
         return []
     found = set(frame["kind"].dropna().unique())
-    return [kind for kind in REQUIRED_FIELDS if kind in found]
+    return [kind for kind in ANALYSED_KINDS if kind in found]
 
 
 def _median(series: pd.Series) -> float | None:
@@ -116,8 +120,9 @@ def training_figures(frame: pd.DataFrame) -> dict[str, float | int | None]:
     if not rounds.empty:
         out["num_rounds"] = int(rounds["round"].nunique())
         last = rounds[rounds["round"] == rounds["round"].max()]
-        out["final_loss"] = float(pd.to_numeric(last["loss"]).mean())
-        out["final_accuracy"] = float(pd.to_numeric(last["accuracy"]).mean())
+        for key, column in (("owners_val_loss", "loss"), ("owners_val_accuracy", "accuracy")):
+            if column in last.columns:  # a causal-LM run's traces carry no accuracy
+                out[key] = float(pd.to_numeric(last[column]).mean())
     microbatches = select(frame, "microbatch")
     if not microbatches.empty:
         out["num_microbatches"] = int(len(microbatches))
@@ -129,17 +134,24 @@ def training_figures(frame: pd.DataFrame) -> dict[str, float | int | None]:
 
 
 def transport_totals(frame: pd.DataFrame) -> pd.DataFrame:
-    """Last snapshot of each process's counters: rows (role, rank, lane, direction, frames, bytes)."""
+    """Last snapshot of each process's counters: rows (role, rank, lane, direction, frames, bytes);
+    a lane that carried nothing in the run (a training run's kv lane) is left out."""
     lanes = transport_by_lane(frame)
     if lanes.empty:
         return lanes
     last = lanes.sort_values("ts_us").groupby(["role", "rank", "lane", "direction"], sort=True)
-    return last.tail(1).drop(columns="ts_us").reset_index(drop=True)
+    totals = last.tail(1).drop(columns="ts_us").reset_index(drop=True)
+    carried = pd.to_numeric(totals["bytes"], errors="coerce").fillna(0) > 0
+    return totals[carried].reset_index(drop=True)
 
 
 def key_figures(frame: pd.DataFrame) -> dict[str, float | int | None]:
     """Every headline figure this run holds (names in `FIGURE_DOCS`, plus per-stage ones)."""
     out = {**ring_figures(frame), **training_figures(frame)}
+    if "ts_us" in frame.columns and len(frame):
+        stamps = pd.to_numeric(frame["ts_us"], errors="coerce").dropna()
+        if len(stamps):
+            out["trace_span_s"] = float(stamps.max() - stamps.min()) / 1e6
     totals = transport_totals(frame)
     if not totals.empty:
         sent = totals[totals["direction"].isin(["sent", "total"])]
@@ -177,9 +189,8 @@ def tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
     rounds = select(frame, "round")
     if not rounds.empty:
         columns = ["round", "owner", "loss", "accuracy", "perplexity", "samples", "bytes"]
-        out["rounds"] = rounds[[c for c in columns if c in rounds.columns]].sort_values(
-            ["round", "owner"]
-        )
+        table = rounds[[c for c in columns if c in rounds.columns]].sort_values(["round", "owner"])
+        out["rounds"] = table.assign(round=table["round"].map(round_number))  # 1..N, as logged
     totals = transport_totals(frame)
     if not totals.empty:
         out["transport"] = totals

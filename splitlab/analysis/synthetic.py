@@ -2,11 +2,10 @@
 
     .venv/bin/pytest tests/unit/test_analysis_links.py tests/unit/test_analysis_plots.py -q
 
-Pure: each generator takes a seed and returns a list of trace records (dicts shaped as in
-`splitlab.analysis.traces`); `write_traces` is the one function that touches files.
-`training_records` + `transport_records` stand in for a U-shape run's traces until the
-training job writes real ones. Hosts are
-only strings in the records; nothing here opens a socket.
+Pure: each generator takes a seed and returns a list of trace lines (dicts), each a
+`splitlab.telemetry.records` record stamped as the tracer stamps it, so the synthetic traces
+spell every field as the writers do; `write_traces` is the one function that touches files.
+Hosts are only strings in the records; nothing here opens a socket.
 
 The ring model: a run serves `num_requests` prompts; each starts with a prefill token whose
 payload is `prompt_tokens * hidden_bytes` and continues with decode tokens of `hidden_bytes`.
@@ -19,10 +18,24 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from splitlab.telemetry.records import (
+    MigrationRecord,
+    MicrobatchRecord,
+    Record,
+    RoundRecord,
+    StageMetaRecord,
+    TokenRecord,
+    TransportRecord,
+    WindowRecord,
+    WrrRecord,
+    stamp,
+)
 
 LOOPBACK_HOST = "127.0.0.1"
 
@@ -52,12 +65,10 @@ def ring_records(
     rng = np.random.default_rng(seed)
     records: list[dict[str, Any]] = []
     for stage in range(num_stages):
-        records.append({
-            "ts_us": t0_us, "role": "stage", "rank": stage, "kind": "stage_meta",
-            "stage": stage, "host": hosts[stage], "peer_host": hosts[(stage + 1) % num_stages],
-            "blocks": [4 * stage, 4 * stage + 4], "weights_ms": 120.0 + 10 * stage,
-            "resident_bytes": 50_000_000,
-        })  # fmt: skip
+        records.append(_line(t0_us, "stage", stage, StageMetaRecord(
+            stage=stage, host=hosts[stage], peer_host=hosts[(stage + 1) % num_stages],
+            start=4 * stage, stop=4 * stage + 4, load_ms=120.0 + 10 * stage,
+        )))  # fmt: skip
     clock_us = t0_us + 1_000_000
     token = 0
     for _ in range(num_requests):
@@ -70,6 +81,7 @@ def ring_records(
                 for stage in range(num_stages)
             ]
             tpot = 0.0
+            lines: list[tuple[int, TokenRecord]] = []
             for stage in range(num_stages):
                 if stage == 0:
                     wait = float(rng.uniform(0.1, 0.3))  # the token id from the tail
@@ -79,13 +91,13 @@ def ring_records(
                 sent = 8 if stage == num_stages - 1 else payload  # the tail sends the token id
                 tpot += compute[stage] + wait
                 clock_us += int((compute[stage] + wait) * 1000)
-                record = {
-                    "ts_us": clock_us, "role": "stage", "rank": stage, "kind": "token",
-                    "stage": stage, "token": token, "compute_ms": compute[stage],
-                    "recv_wait_ms": wait, "send_ms": 0.05, "bytes": sent, "prefill": prefill,
-                }  # fmt: skip
-                records.append(record)
-            records[-num_stages]["tpot_ms"] = tpot  # the head's record of this token
+                lines.append((clock_us, TokenRecord(
+                    stage=stage, token=token, compute_ms=compute[stage], recv_wait_ms=wait,
+                    send_ms=0.05, bytes=sent, prefill=prefill,
+                )))  # fmt: skip
+            head_us, head = lines[0]
+            lines[0] = (head_us, replace(head, tpot_ms=tpot))  # the head times the whole trip
+            records.extend(_line(us, "stage", stage, r) for stage, (us, r) in enumerate(lines))
             token += 1
     return records
 
@@ -100,19 +112,17 @@ def barrier_records(
     for epoch, start in enumerate(range(window, len(head), window), start=1):
         at = head[start]
         aborted = bool(rng.random() < 0.1)
-        records.append({
-            "ts_us": at["ts_us"] - 1, "role": "stage", "rank": 0, "kind": "window",
-            "epoch": epoch, "token": at["token"], "barrier_ms": float(rng.uniform(1, 4)),
-            "prestage_ms": 0.5, "commit_ms": 0.2, "release_ms": 0.1, "n_acks": 3,
-            "aborted": aborted, "decision": "noop" if epoch % migrate_every else "shift",
-            "obs": {"theta_obs": 50.0, "q_cmp_obs": 0.1, "q_mem_obs": 0.2, "link_obs": 1.0},
-        })  # fmt: skip
+        records.append(_line(at["ts_us"] - 1, "stage", 0, WindowRecord(
+            epoch=epoch, token=at["token"], barrier_ms=float(rng.uniform(1, 4)),
+            prestage_ms=0.5, commit_ms=0.2, release_ms=0.1, n_acks=3,
+            aborted=aborted, decision="noop" if epoch % migrate_every else "shift",
+            obs={"theta_obs": 50.0, "q_cmp_obs": 0.1, "q_mem_obs": 0.2, "link_obs": 1.0},
+        )))  # fmt: skip
         if epoch % migrate_every == 0 and not aborted:
-            records.append({
-                "ts_us": at["ts_us"], "role": "stage", "rank": 0, "kind": "migration",
-                "epoch": epoch, "token": at["token"], "boundary": 1, "k": 1,
-                "weights_ms": 40.0, "kv_ms": 3.0, "commit_ms": 0.3, "kv_bytes": 1 << 20,
-            })  # fmt: skip
+            records.append(_line(at["ts_us"], "stage", 0, MigrationRecord(
+                epoch=epoch, token=at["token"], boundary=1, k=1, side="receiver", layer_ids=[4],
+                weights_ms=40.0, kv_ms=3.0, commit_ms=0.3, pause_ms=43.3, kv_bytes=1 << 20,
+            )))  # fmt: skip
     return records
 
 
@@ -126,7 +136,11 @@ def training_records(
     seed: int = 0,
     t0_us: int = 1_700_000_000_000_000,
 ) -> list[dict[str, Any]]:
-    """`microbatch`, `wrr` and `round` records of a U-shape run with falling loss."""
+    """`microbatch`, `wrr` and `round` records of a U-shape run with falling loss.
+
+    Owners are `owner<i>` (role "owner", rank i) and workers `worker<j>`, as the launcher names
+    them.
+    """
     rng = np.random.default_rng(seed)
     records: list[dict[str, Any]] = []
     clock_us = t0_us
@@ -139,30 +153,29 @@ def training_records(
                 counts[0] += microbatches_per_window - counts.sum()
                 for worker, count in enumerate(counts):
                     clock_us += 1000
-                    records.append({"ts_us": clock_us, "role": "owner", "rank": owner,
-                                    "kind": "wrr", "window": window, "owner": owner,
-                                    "worker": worker, "count": int(count)})  # fmt: skip
+                    records.append(_line(clock_us, "owner", owner, WrrRecord(
+                        window=window, owner=f"owner{owner}", worker=f"worker{worker}",
+                        count=int(count),
+                    )))  # fmt: skip
                     for mb in range(int(count)):
                         for lane, nbytes in (
                             ("activation", 2 * 64 * 2048),
                             ("gradient", 64 * 2048),
                         ):
                             clock_us += 500
-                            records.append({
-                                "ts_us": clock_us, "role": "owner", "rank": owner,
-                                "kind": "microbatch", "window": window, "microbatch": mb,
-                                "owner": owner, "worker": worker, "lane": lane,
-                                "fwd_ms": float(rng.uniform(5, 9)), "bwd_ms": float(rng.uniform(9, 15)),
-                                "bytes": int(nbytes * rng.uniform(0.8, 1.0)),
-                            })  # fmt: skip
+                            records.append(_line(clock_us, "owner", owner, MicrobatchRecord(
+                                window=window, microbatch=mb, owner=f"owner{owner}",
+                                worker=f"worker{worker}", lane=lane,
+                                fwd_ms=float(rng.uniform(5, 9)), bwd_ms=float(rng.uniform(9, 15)),
+                                bytes=int(nbytes * rng.uniform(0.8, 1.0)),
+                            )))  # fmt: skip
         for owner in range(num_owners):
             loss = 2.5 * np.exp(-0.3 * round_index) + float(rng.normal(0, 0.02))
-            records.append({
-                "ts_us": clock_us, "role": "owner", "rank": owner, "kind": "round",
-                "round": round_index, "owner": owner, "loss": loss, "perplexity": float(np.exp(loss)),
-                "accuracy": float(min(1.0, 0.4 + 0.1 * round_index + rng.normal(0, 0.01))),
-                "samples": 96, "bytes": 10_000_000,
-            })  # fmt: skip
+            records.append(_line(clock_us, "owner", owner, RoundRecord(
+                round=round_index, owner=f"owner{owner}", loss=loss, perplexity=float(np.exp(loss)),
+                accuracy=float(min(1.0, 0.4 + 0.1 * round_index + rng.normal(0, 0.01))),
+                samples=96, bytes=10_000_000,
+            )))  # fmt: skip
     return records
 
 
@@ -173,23 +186,26 @@ def transport_records(
 
     Shaped as `splitlab.wire.counters.WireCounters.emit` writes it (`<lane>.bytes_sent`, ...).
     """
-    totals: dict[int, dict[str, list[int]]] = {}
+    totals: dict[int, dict[str, list[int]]] = {}  # by rank
     last_us = t0_us
     for record in training:
         if record.get("kind") != "microbatch":
             continue
-        lane = totals.setdefault(record["owner"], {}).setdefault(record["lane"], [0, 0])
+        lane = totals.setdefault(record["rank"], {}).setdefault(record["lane"], [0, 0])
         lane[0] += 1
         lane[1] += int(record["bytes"])
         last_us = max(last_us, int(record["ts_us"]))
     records: list[dict[str, Any]] = []
-    for owner, lanes in sorted(totals.items()):
-        fields: dict[str, Any] = {}
+    for rank, lanes in sorted(totals.items()):
+        counters: dict[str, Any] = {}
         for lane, (frames, nbytes) in sorted(lanes.items()):
-            fields[f"{lane}.frames_sent"], fields[f"{lane}.bytes_sent"] = frames, nbytes
-        records.append({"ts_us": last_us + 1, "role": "owner", "rank": owner,
-                        "kind": "transport", **fields})  # fmt: skip
+            counters[f"{lane}.frames_sent"], counters[f"{lane}.bytes_sent"] = frames, nbytes
+        records.append(_line(last_us + 1, "owner", rank, TransportRecord(counters=counters)))
     return records
+
+
+def _line(ts_us: int, role: str, rank: int, record: Record) -> dict[str, Any]:
+    return stamp(record, ts_us=int(ts_us), role=role, rank=rank)
 
 
 def write_traces(records: Sequence[dict[str, Any]], traces_dir: str | Path) -> list[Path]:

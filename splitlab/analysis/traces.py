@@ -4,42 +4,18 @@
 
 The record contract
 -------------------
-Every record carries `ts_us` (int, wall clock), `role` (str), `rank` (int) and `kind` (str),
-written by `splitlab.telemetry.trace.Tracer`. The analysis reads these kinds and fields (the
-fields in `REQUIRED_FIELDS` must be present; the others may be missing or null):
+Every line is a record of `splitlab.telemetry.records`, the classes every writer builds: base
+fields `ts_us` (int, wall clock), `role` (str), `rank` (int), `kind` (str), then the kind's
+fields. Reading checks each known field of a known kind by name and type (a wrong type is a
+`TraceFormatError` naming file, line, kind and field); unknown fields and kinds, from a newer
+writer, load as they are. `select` checks the kind's required fields (declared without a
+default and not nullable) have values.
 
-Ring inference (role "stage", rank = stage index, stage 0 is the head):
-- `token`: one per stage per token. `stage` (int), `token` (int, increasing per stage; with a
-  `session` field, unique per session), `compute_ms` (this stage's blocks for this token),
-  `recv_wait_ms` (time blocked receiving this token's input), `send_ms`, `bytes` (payload
-  bytes this stage sent for this token: hidden states, or the token id from the tail),
-  `tpot_ms` (head only, time per output token), optionally `prefill` (bool).
-- `stage_meta`: once per stage. `stage`, `host` (its bind address), `peer_host` (the address it
-  sends to, i.e. the next stage), `blocks` ([first, last) span or list), load timings such as
-  `weights_ms`, `resident_bytes`.
-- `window` and `migration` records may come from every stage; the head's (rank 0) are the
-  decisions, the others are each stage's own view of the same barrier.
-
-The ring runtime (`splitlab.infer`) writes some of these under its own names; `select`
-normalises them (`normalize_ring`): a `token` record without `stage` takes its `rank` (role
-"stage"), a `stage_meta` record's `bind` becomes `host` and `peers[(stage + 1) % S]` becomes
-`peer_host`.
-- `window`: one per control barrier. `epoch`, `barrier_ms`, `prestage_ms`, `commit_ms`,
-  `release_ms`, `n_acks`, `aborted` (bool), `decision`, `obs` (dict); optionally `token` (first
-  token decoded under the new epoch; plots fall back to `ts_us` against the head's tokens).
-- `migration`: one per committed move. `epoch`, `boundary`, `k` (blocks moved), `weights_ms`,
-  `kv_ms`, `commit_ms`, `kv_bytes`; optionally `token` as for `window`.
-
-U-shape training:
-- `microbatch`: `window`, `microbatch`, `owner`, `worker`, `fwd_ms`, `bwd_ms`, `bytes`, `lane`.
-- `round`: one per owner per round. `round`, `owner`, `loss`, `accuracy`, `perplexity`,
-  `samples`, `bytes`.
-- `wrr`: one per (window, owner, worker). `window`, `owner`, `worker`, `count`.
-
-Transport counters:
-- `transport`: either `lane`, `frames`, `bytes`, or the flat snapshot that
-  `splitlab.wire.counters.WireCounters.emit` writes (`<lane>.frames_sent`, `<lane>.bytes_sent`,
-  `<lane>.frames_recv`, `<lane>.bytes_recv`, ...); `transport_by_lane` reads both.
+The analysis reads: ring `token`, `stage_meta`, `window` and `migration` (`window` and
+`migration` records come from every stage; the head's, rank 0, are the decisions, and donor and
+receiver each write a `migration`); training `microbatch`, `round` and `wrr`; and `transport`,
+the wire counters' flat snapshot (`<lane>.frames_sent`, `<lane>.bytes_sent`, ...), which
+`transport_by_lane` reads together with the older `lane`/`frames`/`bytes` shape.
 """
 
 from __future__ import annotations
@@ -53,21 +29,14 @@ from typing import Any
 import pandas as pd
 
 from splitlab.errors import SplitlabError
+from splitlab.telemetry.records import BASE_FIELDS, check_record, field_types, required_fields
 
 log = logging.getLogger(__name__)
 
-BASE_FIELDS: tuple[str, ...] = ("ts_us", "role", "rank", "kind")
-
-REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
-    "token": ("stage", "token", "compute_ms", "recv_wait_ms", "bytes"),
-    "stage_meta": ("stage", "host"),
-    "window": ("epoch", "barrier_ms", "aborted"),
-    "migration": ("epoch", "boundary", "k"),
-    "microbatch": ("window", "microbatch", "bytes", "lane"),
-    "round": ("round", "owner", "loss", "accuracy"),
-    "wrr": ("window", "owner", "worker", "count"),
-    "transport": (),
-}
+# The kinds the analysis reads, in the order a report lists them.
+ANALYSED_KINDS: tuple[str, ...] = (
+    "token", "stage_meta", "window", "migration", "microbatch", "round", "wrr", "transport",
+)  # fmt: skip
 
 _FLAT_COUNTER = re.compile(r"^(?P<lane>[a-z_]+)\.(?P<what>frames|bytes)_(?P<dir>sent|recv)$")
 
@@ -91,7 +60,8 @@ def read_trace_file(path: Path) -> list[dict[str, Any]]:
 
     Raises:
         TraceFormatError: a line before the last, or a complete last line, is not a JSON
-            object with the base fields.
+            object with the base fields, or a field the record's kind declares has the wrong
+            type.
     """
     text = path.read_text(encoding="utf-8")
     lines = text.split("\n")
@@ -115,6 +85,9 @@ def read_trace_file(path: Path) -> list[dict[str, Any]]:
         missing = [key for key in BASE_FIELDS if key not in record]
         if missing:
             raise TraceFormatError(f"{path}:{index + 1}: record lacks {missing}: {line[:80]!r}")
+        problems = check_record(record)
+        if problems:
+            raise TraceFormatError(f"{path}:{index + 1}: " + "; ".join(problems))
         records.append(record)
     return records
 
@@ -140,48 +113,27 @@ def load_traces(path: str | Path) -> pd.DataFrame:
 def select(frame: pd.DataFrame, kind: str) -> pd.DataFrame:
     """Records of one kind, with only the columns they use, after checking the contract.
 
+    Columns the kind declares as int or bool get that dtype where every row has a value (in the
+    frame of every kind they are float or object: other kinds leave them NaN).
+
     Raises:
-        TraceFormatError: records of this kind lack a field in `REQUIRED_FIELDS[kind]`.
+        TraceFormatError: records of this kind lack a value for a required field of its
+            record class (`splitlab.telemetry.records.required_fields`).
     """
     if "kind" not in frame.columns:
         return pd.DataFrame(columns=list(BASE_FIELDS))
     rows = frame[frame["kind"] == kind].dropna(axis=1, how="all").reset_index(drop=True)
     if rows.empty:
         return rows
-    rows = normalize_ring(rows, kind)
-    for field in REQUIRED_FIELDS.get(kind, ()):
+    for field in required_fields(kind):
         if field not in rows.columns or rows[field].isna().any():
             files = sorted(set(rows.get("file", pd.Series(["?"]))))
             raise TraceFormatError(f"{kind!r} records in {files} lack field {field!r}")
-    return rows
-
-
-def _peer_of(peers: Any, stage: Any) -> str | None:
-    if not isinstance(peers, (list, tuple)) or not peers or pd.isna(stage):
-        return None
-    return str(peers[(int(stage) + 1) % len(peers)])
-
-
-def normalize_ring(rows: pd.DataFrame, kind: str) -> pd.DataFrame:
-    """Fill the contract's ring fields from the ring runtime's spellings (see module docstring).
-
-    Values already present win; `rows` holds records of one `kind`.
-    """
-    rows = rows.copy()
-    if kind == "token" and "role" in rows.columns:
-        from_rank = rows["rank"].where(rows["role"] == "stage")
-        rows["stage"] = rows["stage"].fillna(from_rank) if "stage" in rows.columns else from_rank
-    if kind == "stage_meta":
-        if "bind" in rows.columns:
-            rows["host"] = (
-                rows["host"].fillna(rows["bind"]) if "host" in rows.columns else rows["bind"]
-            )
-        if "peers" in rows.columns and "stage" in rows.columns:
-            peer = pd.Series([_peer_of(p, s) for p, s in zip(rows["peers"], rows["stage"],
-                                                              strict=True)], index=rows.index)  # fmt: skip
-            rows["peer_host"] = (
-                rows["peer_host"].fillna(peer) if "peer_host" in rows.columns else peer
-            )
+    dtypes = {int: "int64", bool: "bool"}
+    for name, declared in field_types(kind).items():
+        dtype = dtypes.get(declared.kinds[0]) if len(declared.kinds) == 1 else None
+        if dtype is not None and name in rows.columns and rows[name].notna().all():
+            rows[name] = rows[name].astype(dtype)
     return rows
 
 

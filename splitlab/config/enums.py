@@ -1,4 +1,8 @@
-"""Enums for every closed set of choices in the config (omegaconf 2.3 rejects `Literal`)."""
+"""Enums for every closed set of choices in the config (omegaconf 2.3 rejects `Literal`).
+
+Open sets are plain strings checked against their registries instead (`splitlab.choices`):
+model families, transports, control buses, planners and drift profiles.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +16,22 @@ class TaskName(str, Enum):
     analyze = "analyze"
 
 
-class Family(str, Enum):
-    bert = "bert"
-    gpt2 = "gpt2"
-    llama = "llama"  # Llama, Qwen2, SmolLM2
+
+class CalibrateProbe(str, Enum):
+    """What `task=calibrate` can time (`task.only`); see `splitlab.measure.calibrate`."""
+
+    decode = "decode"  # per-block decode c0 + c1 * (P + t)
+    prefill = "prefill"  # per-block prefill d0 + d1 * P + d2 * P^2
+    load = "load"  # L_n = fixed + per_block * n, and one block's cold/warm read
+    swap = "swap"  # a block to the device and back (null on CPU)
+    link = "link"  # alpha + beta * bytes over the framed-tensor path
+    contention = "contention"  # decode beside a co-running process
+
+
+class KeepCheckpoints(str, Enum):
+    all = "all"  # every round's checkpoint
+    last = "last"  # the newest only (what resume and the final evaluation read)
+    last_and_best = "last_and_best"  # the newest and the one with the lowest validation loss
 
 
 class ModelSource(str, Enum):
@@ -41,21 +57,7 @@ class LoaderKind(str, Enum):
     hf = "hf"
 
 
-class TransportName(str, Enum):
-    tcp = "tcp"
-    rabbitmq = "rabbitmq"
-    inproc = "inproc"
 
-
-class ControlName(str, Enum):
-    embedded = "embedded"
-    rabbitmq = "rabbitmq"
-
-
-class PinnedMemory(str, Enum):
-    auto = "auto"
-    on = "on"
-    off = "off"
 
 
 class Objective(str, Enum):
@@ -96,23 +98,9 @@ class DataDistribution(str, Enum):
     dirichlet = "dirichlet"
 
 
-class DriftName(str, Enum):
-    none = "none"
-    steady = "steady"
-    thermal_ramp = "thermal_ramp"
-    one_slow_node = "one_slow_node"
-    oscillating = "oscillating"
-    link_degrade = "link_degrade"
-    live = "live"
-
 
 class DriftSource(str, Enum):
     none = "none"
     replay = "replay"
     live = "live"
 
-
-class PlannerName(str, Enum):
-    noop = "noop"
-    forced_shift = "forced_shift"
-    adaptive = "adaptive"

@@ -13,24 +13,20 @@ from typing import Any
 
 from splitlab.config.enums import (
     ArchitectureName,
-    ControlName,
+    CalibrateProbe,
     DataDistribution,
     DataSource,
-    DriftName,
     DriftSource,
     DType,
-    Family,
     FinetuneMethod,
+    KeepCheckpoints,
     LoaderKind,
     ModelSource,
     Objective,
-    PinnedMemory,
-    PlannerName,
     ResidualMode,
     SftCut,
     TaskKind,
     TaskName,
-    TransportName,
 )
 
 MISSING: Any = "???"  # omegaconf's marker for a required value (kept import-free here)
@@ -54,6 +50,7 @@ class FinetuneTaskConfig(TaskConfig):
     steps_per_round: int = 0  # microbatches per owner per round; 0 = one pass over its data
     resume: bool = False  # continue from the last completed round's checkpoint in run_dir
     save_checkpoint: bool = True  # write the merged model after every round (atomic)
+    keep_checkpoints: KeepCheckpoints = KeepCheckpoints.last_and_best  # which rounds' files stay
     validate: bool = True  # owners evaluate their held-out split before FedAvg
     checkpoint_dir: str | None = None  # where checkpoints live; None = <run dir>/checkpoints
 
@@ -66,6 +63,8 @@ class InferTaskConfig(TaskConfig):
     max_new_tokens: int = 64  # stop after this many generated tokens (or at EOS)
     temperature: float = 0.0  # 0 = greedy, the reproducible mode
     top_k: int = 0  # 0 = no top-k filtering (sampling only)
+    prompt_ids: list[int] = field(default_factory=list)  # token ids instead of prompt; [] = off
+    ignore_eos: bool = False  # always generate max_new_tokens (benchmarks, equivalence checks)
 
 
 @dataclass
@@ -80,6 +79,8 @@ class CalibrateTaskConfig(TaskConfig):
     quick: bool = False  # short sweep: contexts to 2048, fewer prefill/link sizes and repeats
     threads: int = 0  # torch intra-op threads while timing; 0 = torch's default
     blocks: int = 4  # consecutive middle blocks timed together (times are per block)
+    only: list[CalibrateProbe] = field(default_factory=list)  # probes to run; [] = every probe
+    contexts: list[int] = field(default_factory=list)  # decode contexts (tokens); [] = geometric
 
 
 @dataclass
@@ -96,12 +97,16 @@ class ModelConfig:
     """Which weights, which family, and (for random init) which dimensions."""
 
     name: str = MISSING  # option name, e.g. minilm, tiny_llama
-    family: Family = MISSING  # adapter in the family registry: bert, gpt2, llama
+    family: str = MISSING  # adapter in the family registry (register_family): bert, gpt2, llama
     source: ModelSource = MISSING  # packaged (asset cache), hub (id or local path), random
-    id: str | None = None  # packaged asset name, or hub id / local folder for source=hub
+    id: str | None = None  # packaged asset name, hub id, or a local model folder (any source)
+    path: str | None = None  # a local model folder; set, it overrides source and id
     tokenizer: str | None = None  # asset name, hub id or folder; None = the model's own
+    # For a local folder the next facts are read from its config.json (splitlab.models.folder).
     num_layers: int = MISSING  # transformer blocks (validated against the loaded config)
     hidden_size: int = MISSING  # H: width of the tensor that crosses a cut
+    tie_word_embeddings: bool | None = None  # head is the embedding tensor; None = not read
+    untie_embeddings: bool = False  # a tied head becomes its own copy at load (two_stage)
     num_heads: int = 4  # attention heads (random init)
     num_kv_heads: int | None = None  # grouped-query KV heads (Llama; random init)
     intermediate_size: int = 128  # FFN width F (random init)
@@ -136,6 +141,7 @@ class UShapeConfig(ArchitectureConfig):
     microbatches_per_window: int = 8  # per-owner update quota per window
     objective: Objective = Objective.mean_of_means  # how per-microbatch losses combine
     timeout_s: float = 120.0  # any single wait (peer, window, commit) before aborting the round
+    startup_timeout_s: float = 0.0  # first START and REGISTER waits (model loads); 0 = timeout_s
 
 
 @dataclass
@@ -148,6 +154,7 @@ class TwoStageConfig(ArchitectureConfig):
     cut_layers: int = 2  # blocks on the first stage
     control_count: int = 1  # live first-stage graphs per window (one step per window)
     timeout_s: float = 120.0  # any single wait before aborting
+    startup_timeout_s: float = 0.0  # first START and REGISTER waits (model loads); 0 = timeout_s
 
 
 @dataclass
@@ -157,11 +164,13 @@ class RingConfig(ArchitectureConfig):
     name: ArchitectureName = ArchitectureName.ring
     cuts: list[int] = field(default_factory=list)  # first block of stages 1..S-1; [] = equal
     stages: int = 3  # number of stages when cuts is empty
-    window: int = 20  # W: decode tokens per control window (barrier cadence)
-    ctrl_timeout_s: float = 5.0  # control sockets only; the data ring stays blocking
+    window: int = 20  # W: decode tokens per control window (barrier cadence); 0 = no barriers
+    ctrl_timeout_s: float = 5.0  # control waits inside a barrier (control star, KV channel)
+    data_timeout_s: float = 300.0  # longest blocked wait on the data ring (a token's hop)
+    connect_timeout_s: float = 180.0  # ring set-up: every link up, model loads included
     peer_hosts: list[str] = field(default_factory=list)  # per-stage addresses; [] = loopback
-    ctrl_host: str | None = None  # the head's address (control star)
-    base_port: int = 0  # data ports base_port+i; 0 = pick free ports
+    ctrl_host: str | None = None  # the head's address (control star); None = peer_hosts[0]
+    base_port: int = 0  # stage i listens on base_port+i; 0 = the launcher picks free ports
     loader: LoaderKind = LoaderKind.shard  # shard (strict residency) or hf (whole, then prune)
     strict_parity: bool = True  # refuse stages whose torch/transformers/python/dtype differ
 
@@ -173,13 +182,12 @@ class RingConfig(ArchitectureConfig):
 class TransportConfig:
     """The tensor data plane (activations, gradients, hidden states, KV)."""
 
-    name: TransportName = MISSING
+    name: str = MISSING  # a registered transport (splitlab.wire.registry): tcp, rabbitmq, inproc
     bind_host: str = "127.0.0.1"  # address the data listener binds
     advertise_host: str | None = None  # address peers dial; None = route to broker, else bind
     port: int = 0  # data listener port; 0 = pick a free one
-    pinned_memory: PinnedMemory = PinnedMemory.auto  # CUDA staging buffers
     pool_bytes: int = 64 * 1024 * 1024  # budget per buffer pool (bytes)
-    queue_size: int = 32  # frames queued per lane before senders block
+    send_queue_frames: int = 64  # frames queued per peer and lane before a send blocks
     max_frame_bytes: int = 256 * 1024 * 1024  # refuse larger frames before allocating
     url: str = "amqp://guest:guest@127.0.0.1:5672/%2F"  # broker (rabbitmq transport only)
 
@@ -188,10 +196,9 @@ class TransportConfig:
 class ControlConfig:
     """The control bus (window protocol, membership, model updates)."""
 
-    name: ControlName = MISSING
+    name: str = MISSING  # a registered control bus (splitlab.control.bus): embedded, rabbitmq
     url: str = "amqp://guest:guest@127.0.0.1:5672/%2F"  # broker URL (rabbitmq only)
     prefetch: int = 32  # unacked deliveries per consumer
-    timeout_s: float = 60.0  # any single control wait
     heartbeat_s: int = 30  # AMQP heartbeat (rabbitmq only)
 
 
@@ -221,6 +228,7 @@ class FinetuneConfig:
     method: FinetuneMethod = MISSING  # lora or full
     lr: float = 5e-4  # AdamW learning rate
     weight_decay: float = 0.01  # AdamW decoupled weight decay
+    eps: float = 1e-8  # AdamW denominator epsilon
     batch_size: int = 16  # sequences per microbatch
     clip_grad_norm: float = 0.0  # > 0 clips each partition separately; 0 = off
     lora: LoraConfig = field(default_factory=LoraConfig)
@@ -245,7 +253,8 @@ class DataConfig:
     text_pair_column: str | None = None  # second sentence for pair tasks (GLUE MRPC/RTE/MNLI)
     labels: list[str] = field(default_factory=list)  # class names in id order; [] = infer
     max_length: int = 64  # tokens per sequence (truncate)
-    samples_per_owner: int = 512  # training examples per owner
+    samples_per_owner: Any = 512  # training examples per owner: one count, or one per owner
+    quantity_skew_alpha: float | None = None  # Dirichlet share of the examples; None = as given
     val_samples: int = 256  # held-out examples (shared by all owners), validated every round
     test_samples: int = 0  # examples kept apart for the run's final evaluation; 0 = use val
     distribution: DataDistribution = DataDistribution.dirichlet  # iid or dirichlet (non-IID)
@@ -261,25 +270,128 @@ class DataConfig:
 
 @dataclass
 class DriftConfig:
-    name: DriftName = MISSING
+    name: str = MISSING  # none, live, or a registered profile (splitlab.drift.profiles)
     source: DriftSource = DriftSource.none  # none, replay (JSONL trace) or live (sensors)
     trace: str | None = None  # replay trace path; None = generate from `name` into the run dir
     seed: int = 77  # sensor-noise seed (combined with run id and stage)
     noise_var_degc2: float = 0.5  # Gaussian temperature noise variance (never zero)
     slow_stage: int = 1  # stage slowed by one_slow_node
     phi: float = 1.5  # slowdown factor (1.0 = none) applied as sleep (phi - 1) x compute_ms
-    period_tokens: int = 60  # oscillating / ramp time scale (tokens)
+    period_tokens: int = 60  # oscillating / ramp time scale; cpu_throttle's step token
     length_tokens: int = 400  # generated trace length (tokens)
 
 
 @dataclass
 class PlannerConfig:
-    name: PlannerName = MISSING
-    at_token: int = 100  # forced_shift: token at which the shift happens
-    shift_k: int = 1  # forced_shift: blocks moved (+ pulls back from the higher stage)
-    boundary: int = 1  # forced_shift: which movable boundary (1..S-1)
-    hysteresis: float = 0.15  # adaptive: minimum relative gain before moving
-    cost_model: str | None = None  # adaptive: calibration JSON; None = observed times only
+    """Shared by every planner option; each option's parameters live in its own schema."""
+
+    name: str = MISSING  # a registered planner (splitlab.infer.planners)
+
+
+@dataclass
+class NoopPlannerConfig(PlannerConfig):
+    name: str = "noop"
+
+
+@dataclass
+class ForcedShiftPlannerConfig(PlannerConfig):
+    name: str = "forced_shift"
+    at_token: int = 100  # token at which the shift happens
+    shift_k: int = 1  # blocks moved (+ pulls back from the higher stage)
+    boundary: int = 1  # which movable boundary (1..S-1)
+
+
+@dataclass
+class AdaptivePlannerConfig(PlannerConfig):
+    name: str = "adaptive"
+    hysteresis: float = 0.15  # minimum relative gain before moving, in [0, 1)
+    cost_model: str | None = None  # calibration JSON; None = observed times only
+
+
+@dataclass
+class ModelPlannerConfig(PlannerConfig):
+    name: str = "model"
+    hysteresis: float = 0.05  # minimum relative gain in predicted TPOT before moving, in [0, 1)
+    calibration: str | None = None  # calibrate.py JSON (decode, link, L_n); None = defaults
+    horizon_tokens: int = 64  # tokens a move's gain is counted over against its migration cost
+    mem_high: float = 0.9  # q_mem_obs at or above which a stage receives no more blocks
+
+
+# --- testbed --------------------------------------------------------------------------------
+
+
+@dataclass
+class TestbedHostConfig:
+    """One emulated host: a network namespace with cgroup budgets (splitlab/testbed)."""
+
+    cpu: float = 0.0  # CPU budget in cores (0.5 = half of one core); 0 = no quota
+    memory_mib: int = 0  # memory limit (MiB); 0 = no limit
+    threads: int = 0  # OpenMP/torch threads of processes on the host; 0 = ceil(cpu), 1 at least
+
+
+@dataclass
+class TestbedLinkConfig:
+    """A host's link to the testbed switch; a path between two hosts crosses both their links."""
+
+    up_mbit: float = 0.0  # host -> switch rate (Mbit/s); 0 = unshaped
+    down_mbit: float = 0.0  # switch -> host rate (Mbit/s); 0 = unshaped
+    burst_kib: float = 0.0  # token-bucket depth (KiB); 0 = 2 ms at the rate, 16 KiB at least
+    queue_kib: float = (
+        0.0  # bytes queued before drops (KiB); 0 = 50 ms at the rate, 64 KiB at least
+    )
+    delay_ms: float = 0.0  # one-way delay added on this link (ms)
+    jitter_ms: float = 0.0  # delay varies uniformly by +- this much (ms)
+
+
+@dataclass
+class TestbedConfig:
+    """Emulated hosts, links and role placement; `none` (no hosts) changes nothing."""
+
+    name: str = MISSING  # option name
+    hosts: dict[str, TestbedHostConfig] = field(default_factory=dict)  # {} = no testbed
+    links: dict[str, TestbedLinkConfig] = field(
+        default_factory=dict
+    )  # host -> its link; absent = unshaped
+    placement: dict[str, list[str]] = field(default_factory=dict)  # role -> host of rank 0, 1, ...
+    root_ports: list[int] = field(
+        default_factory=lambda: [5672]
+    )  # loopback ports (broker) hosts reach at the root address
+    probe_s: float = 0.5  # bulk-throughput probe per link direction at start-up (s)
+    probe_tolerance: float = 0.1  # refuse to start when a probed rate is further off (fraction)
+
+
+# --- logger -------------------------------------------------------------------------------
+
+
+@dataclass
+class CsvLoggerConfig:
+    """RUN/metrics.csv: one row per round and owner (the run's JSON records are always written)."""
+
+
+@dataclass
+class TensorboardLoggerConfig:
+    """Event files the TensorBoard UI reads (needs the `loggers` extra)."""
+
+    dir: str = "tensorboard"  # event folder; relative = under the run dir
+
+
+@dataclass
+class MlflowLoggerConfig:
+    """One MLflow run in a local tracking store (needs the `loggers` extra)."""
+
+    tracking_uri: str | None = None  # None = sqlite:///<run dir>/mlflow/mlflow.db
+    experiment: str = "splitlab"  # MLflow experiment the run is filed under
+    run_name: str | None = None  # None = the run folder's name
+
+
+@dataclass
+class LoggerConfig:
+    """Where round metrics, final metrics, ring TPOT and the resolved config go; each selected
+    option (`logger=[csv,tensorboard,mlflow]`) sets its field, the others stay None."""
+
+    csv: CsvLoggerConfig | None = None
+    tensorboard: TensorboardLoggerConfig | None = None
+    mlflow: MlflowLoggerConfig | None = None
 
 
 # --- root -----------------------------------------------------------------------------------
@@ -295,7 +407,9 @@ class Config:
     finetune: FinetuneConfig = MISSING
     data: DataConfig = MISSING
     drift: DriftConfig = MISSING
-    planner: PlannerConfig = MISSING
+    planner: Any = MISSING
+    testbed: TestbedConfig = MISSING
+    logger: LoggerConfig = field(default_factory=LoggerConfig)  # none selected = no logger
     device: str = "cpu"  # cpu, cuda or cuda:N for every local process
     run_dir: str | None = None  # set by the CLI to Hydra's output folder
 
@@ -315,5 +429,16 @@ GROUP_SCHEMAS: dict[str, dict[str, type]] = {
     "finetune": {"finetune": FinetuneConfig},
     "data": {"data": DataConfig},
     "drift": {"drift": DriftConfig},
-    "planner": {"planner": PlannerConfig},
+    "planner": {
+        "noop": NoopPlannerConfig,
+        "forced_shift": ForcedShiftPlannerConfig,
+        "adaptive": AdaptivePlannerConfig,
+        "model": ModelPlannerConfig,
+    },
+    "testbed": {"testbed": TestbedConfig},
+    "logger": {
+        "csv": CsvLoggerConfig,
+        "tensorboard": TensorboardLoggerConfig,
+        "mlflow": MlflowLoggerConfig,
+    },
 }

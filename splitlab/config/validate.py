@@ -1,24 +1,32 @@
 """Cross-field checks that Hydra's per-key typing cannot express, run before any process starts.
 
-Every error is a ConfigError naming the keys and the values that clash.
+Every error is a ConfigError naming the keys and the values that clash. Checks that need a
+registry (families, transports, buses, planners, drift profiles) live in `splitlab.choices`,
+above every subpackage, so config imports nothing but itself and `splitlab.errors`.
 
     splitlab architecture.cut_layers=5 architecture.tail_blocks=1   # refused: no body block
 """
 
 from __future__ import annotations
 
-from splitlab.config.enums import ArchitectureName, Family, SftCut, TaskKind, TaskName
+import math
+
+from splitlab.config.enums import ArchitectureName, SftCut, TaskName
 from splitlab.config.schema import (
     Config,
     DataConfig,
     FinetuneConfig,
+    FinetuneTaskConfig,
     ModelConfig,
     RingConfig,
+    TransportConfig,
     TwoStageConfig,
     UShapeConfig,
 )
 from splitlab.errors import ConfigError
-from splitlab.models.plan import even_cuts
+
+MAX_PORT = 65535
+MIN_POOL_BYTES = 1 << 20  # a buffer pool smaller than this cannot hold a useful frame
 
 
 def _require(ok: bool, message: str) -> None:
@@ -27,7 +35,22 @@ def _require(ok: bool, message: str) -> None:
 
 
 def _positive(key: str, value: float) -> None:
-    _require(value > 0, f"{key}={value!r} must be > 0")
+    """A finite number > 0: an infinite timeout would make its wait unbounded."""
+    _require(value > 0 and math.isfinite(value), f"{key}={value!r} must be finite and > 0")
+
+
+def _startup_timeout(key: str, value: float) -> None:
+    _require(
+        value >= 0 and math.isfinite(value), f"{key}={value!r} must be finite and >= 0 (0 = timeout_s)"
+    )
+
+
+def _port(key: str, value: int) -> None:
+    _require(0 <= value <= MAX_PORT, f"{key}={value} must be a TCP port in [0, {MAX_PORT}] (0 = any)")
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def validate_u_shape(arch: UShapeConfig, model: ModelConfig) -> None:
@@ -54,6 +77,7 @@ def validate_u_shape(arch: UShapeConfig, model: ModelConfig) -> None:
         f"architecture.owners={arch.owners}: every owner needs at least one credit per worker",
     )
     _positive("architecture.timeout_s", arch.timeout_s)
+    _startup_timeout("architecture.startup_timeout_s", arch.startup_timeout_s)
     if arch.compute_weights:
         _require(
             len(arch.compute_weights) == arch.workers,
@@ -75,11 +99,7 @@ def validate_two_stage(arch: TwoStageConfig, model: ModelConfig) -> None:
     )
     _positive("architecture.control_count", arch.control_count)
     _positive("architecture.timeout_s", arch.timeout_s)
-
-
-def ring_cuts(arch: RingConfig, num_layers: int) -> list[int]:
-    """The explicit cuts, or `stages` near-equal spans when `cuts` is empty."""
-    return list(arch.cuts) if arch.cuts else even_cuts(num_layers=num_layers, stages=arch.stages)
+    _startup_timeout("architecture.startup_timeout_s", arch.startup_timeout_s)
 
 
 def validate_ring(arch: RingConfig, model: ModelConfig) -> None:
@@ -107,8 +127,20 @@ def validate_ring(arch: RingConfig, model: ModelConfig) -> None:
             f"architecture.peer_hosts has {len(arch.peer_hosts)} entries {list(arch.peer_hosts)} "
             f"but the ring has {num_stages} stages",
         )
-    _positive("architecture.window", arch.window)
+    _require(
+        arch.window >= 0, f"architecture.window={arch.window} must be >= 0 (0 = no control plane)"
+    )
     _positive("architecture.ctrl_timeout_s", arch.ctrl_timeout_s)
+    _positive("architecture.data_timeout_s", arch.data_timeout_s)
+    _positive("architecture.connect_timeout_s", arch.connect_timeout_s)
+    if arch.base_port:
+        _port("architecture.base_port", arch.base_port)
+        last = arch.base_port + num_stages - 1
+        _require(
+            last <= MAX_PORT,
+            f"architecture.base_port={arch.base_port}: the last of {num_stages} stages would "
+            f"listen on port {last} > {MAX_PORT}",
+        )
 
 
 def validate_finetune(ft: FinetuneConfig, model: ModelConfig, arch_name: ArchitectureName) -> None:
@@ -139,23 +171,52 @@ def validate_finetune(ft: FinetuneConfig, model: ModelConfig, arch_name: Archite
             )
 
 
-def validate_data(data: DataConfig, model: ModelConfig) -> None:
-    _positive("data.samples_per_owner", data.samples_per_owner)
+def validate_data(data: DataConfig, num_owners: int) -> None:
+    counts = data.samples_per_owner
+    if isinstance(counts, list):
+        _require(
+            len(counts) == num_owners,
+            f"data.samples_per_owner has {len(counts)} entries {counts} but "
+            f"architecture.owners={num_owners}",
+        )
+        for i, n in enumerate(counts):
+            _require(_is_count(n) and n >= 0, f"data.samples_per_owner[{i}]={n!r} must be >= 0")
+        _positive("sum(data.samples_per_owner)", sum(counts))
+        _require(
+            data.quantity_skew_alpha is None,
+            f"data.quantity_skew_alpha={data.quantity_skew_alpha} draws each owner's count from "
+            f"one data.samples_per_owner; got the list {counts}",
+        )
+    else:
+        _require(
+            _is_count(counts),
+            f"data.samples_per_owner={counts!r} must be a count or a list of one per owner",
+        )
+        _positive("data.samples_per_owner", counts)
+    if data.quantity_skew_alpha is not None:
+        _positive("data.quantity_skew_alpha", data.quantity_skew_alpha)
     _require(data.val_samples >= 0, f"data.val_samples={data.val_samples} must be >= 0")
     _positive("data.alpha", data.alpha)
     _require(data.max_length >= 2, f"data.max_length={data.max_length} must be >= 2")
-    if model.family is Family.bert:
-        _require(
-            data.task is TaskKind.classification,
-            f"model={model.name} (family bert) classifies sequences; data={data.name} has "
-            f"data.task={data.task.value}",
-        )
-    if data.task is TaskKind.classification and data.labels and model.family is Family.bert:
-        _require(
-            len(data.labels) == model.num_labels,
-            f"data.labels has {len(data.labels)} classes {list(data.labels)} but "
-            f"model.num_labels={model.num_labels}",
-        )
+
+
+def validate_transport(transport: TransportConfig) -> None:
+    _port("transport.port", transport.port)
+    _require(
+        transport.pool_bytes >= MIN_POOL_BYTES,
+        f"transport.pool_bytes={transport.pool_bytes} must be >= {MIN_POOL_BYTES} (1 MiB): "
+        "every received frame is read into a buffer of this pool",
+    )
+    _positive("transport.max_frame_bytes", transport.max_frame_bytes)
+    _positive("transport.send_queue_frames", transport.send_queue_frames)
+
+
+def validate_rounds(task: FinetuneTaskConfig) -> None:
+    _positive("task.rounds", task.rounds)
+    _require(
+        task.steps_per_round >= 0,
+        f"task.steps_per_round={task.steps_per_round} must be >= 0 (0 = one pass over the data)",
+    )
 
 
 def validate_model(model: ModelConfig) -> None:
@@ -173,6 +234,7 @@ def validate_model(model: ModelConfig) -> None:
 def validate_config(cfg: Config) -> None:
     """Refuse invalid combinations before any process starts."""
     validate_model(cfg.model)
+    validate_transport(cfg.transport)
     arch = cfg.architecture
     if isinstance(arch, UShapeConfig):
         validate_u_shape(arch, cfg.model)
@@ -187,12 +249,10 @@ def validate_config(cfg: Config) -> None:
             "task=finetune needs architecture=u_shape or two_stage, not ring",
         )
         validate_finetune(cfg.finetune, cfg.model, arch.name)
-        validate_data(cfg.data, cfg.model)
+        validate_data(cfg.data, arch.owners)
+        if isinstance(cfg.task, FinetuneTaskConfig):
+            validate_rounds(cfg.task)
     elif task in (TaskName.infer, TaskName.calibrate):
-        _require(
-            cfg.model.family is not Family.bert,
-            f"task={task.value} generates text: model={cfg.model.name} is a BERT classifier",
-        )
         _require(
             isinstance(arch, RingConfig),
             f"task={task.value} needs architecture=ring, not {arch.name.value}",

@@ -9,11 +9,11 @@ from splitlab.control.inbox import Inbox, Verdict
 from splitlab.control.membership import Membership, NodeInfo, Outcome, new_session_key_hex
 from splitlab.control.messages import (
     Abort,
+    BusMessage,
     Commit,
     Drained,
     Failed,
     Kind,
-    Message,
     Open,
     Plan,
     Register,
@@ -26,6 +26,7 @@ from splitlab.control.messages import (
 
 __all__ = [
     "Abort",
+    "BusMessage",
     "Commit",
     "ControlBus",
     "ControlEndpoint",
@@ -35,7 +36,6 @@ __all__ = [
     "Inbox",
     "Kind",
     "Membership",
-    "Message",
     "NodeInfo",
     "Open",
     "Outcome",

@@ -1,4 +1,9 @@
-"""The control bus interface both implementations honour, and the `make_bus` registry.
+"""The control bus interface both implementations honour, and the registry of bus kinds.
+
+`register_bus(kind, connect, settings=..., tasks=...)` adds a kind: `connect` opens it from the
+implementation's keyword arguments (`make_bus`), `settings` reads those that come from the
+`control` config group (`open_bus`), and `tasks` names the tasks that honour `control=<kind>`
+(`splitlab.choices` refuses the others before any process starts).
 
 Semantics (RabbitMQ's, which the embedded bus copies):
 
@@ -28,8 +33,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from splitlab.control.messages import Message, decode
-from splitlab.errors import ConfigError
+from splitlab.config.schema import ControlConfig
+from splitlab.control.messages import BusMessage, decode
+from splitlab.errors import ConfigError, registered
 
 QUEUE_PREFIX = "splitlab"
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -50,7 +56,7 @@ def queue_name(session: str, node_id: str) -> str:
 class Delivery:
     """One received message; `ack` or `nack` it exactly once."""
 
-    message: Message
+    message: BusMessage
     redelivered: bool
     _settle: Callable[[bool, bool], None] = field(repr=False)  # (ack, requeue)
     settled: bool = False
@@ -76,7 +82,7 @@ class ControlBus(ABC):
     timeout_s: float
 
     @abstractmethod
-    def publish(self, to_node: str, msg: Message, timeout_s: float | None = None) -> None:
+    def publish(self, to_node: str, msg: BusMessage, timeout_s: float | None = None) -> None:
         """Send `msg` to `to_node`'s queue and wait for the bus to confirm it."""
 
     @abstractmethod
@@ -126,24 +132,68 @@ def _make_embedded(**kwargs: Any) -> ControlBus:
     return EmbeddedBus.connect(**kwargs)
 
 
-BUS_FACTORIES: dict[str, Callable[..., ControlBus]] = {
-    "rabbitmq": _make_rabbitmq,
-    "embedded": _make_embedded,
-}
+def _rabbitmq_settings(cfg: ControlConfig) -> dict[str, Any]:
+    return {"url": cfg.url, "prefetch": cfg.prefetch, "heartbeat_s": cfg.heartbeat_s}
 
 
-def register_bus(kind: str, factory: Callable[..., ControlBus]) -> None:
-    BUS_FACTORIES[kind] = factory
+def _embedded_settings(cfg: ControlConfig) -> dict[str, Any]:
+    from splitlab.control.embedded import EmbeddedAddress
+
+    address = EmbeddedAddress.from_env()  # the launcher hosts the bus and names it here
+    return {"host": address.host, "port": address.port, "authkey": address.authkey,
+            "prefetch": cfg.prefetch}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class BusKind:
+    connect: Callable[..., ControlBus]  # the implementation's keyword arguments
+    settings: Callable[[ControlConfig], dict[str, Any]]  # those that come from `control.*`
+    tasks: frozenset[str]  # tasks whose processes talk over this bus
+
+
+_BUSES: dict[str, BusKind] = {}
+
+
+def register_bus(
+    kind: str,
+    connect: Callable[..., ControlBus],
+    *,
+    settings: Callable[[ControlConfig], dict[str, Any]] = lambda cfg: {},
+    tasks: frozenset[str] = frozenset({"finetune"}),
+) -> None:
+    """Make `control=<kind>` available to `tasks` (replaces an earlier registration)."""
+    _BUSES[kind] = BusKind(connect=connect, settings=settings, tasks=frozenset(tasks))
+
+
+def buses() -> dict[str, BusKind]:
+    """A copy of the registry."""
+    return dict(_BUSES)
+
+
+def bus_kind(kind: str) -> BusKind:
+    """Raises ConfigError naming `control.name` and the registered names."""
+    return registered(_BUSES, kind, "control.name")
 
 
 def make_bus(kind: str, **kwargs: Any) -> ControlBus:
-    """Open a bus of `kind`.
+    """Open a bus of `kind` from the implementation's own keyword arguments.
 
     rabbitmq: url, session, node_id, prefetch=16, timeout_s=30.0, heartbeat_s=10
     embedded: host, port, authkey, session, node_id, prefetch=16, timeout_s=30.0
     """
-    try:
-        factory = BUS_FACTORIES[kind]
-    except KeyError:
-        raise ConfigError(f"control.kind={kind!r}: choose one of {sorted(BUS_FACTORIES)}") from None
-    return factory(**kwargs)
+    return bus_kind(kind).connect(**kwargs)
+
+
+def open_bus(cfg: ControlConfig, *, session: str, node_id: str, timeout_s: float) -> ControlBus:
+    """Open the bus `control.name` names, with the `control.*` settings it reads."""
+    kind = bus_kind(cfg.name)
+    return kind.connect(session=session, node_id=node_id, timeout_s=timeout_s,
+                        **kind.settings(cfg))  # fmt: skip
+
+
+# The ring's stages run their barrier over the head's own control star, which needs no broker:
+# that is what `embedded` means for them. The ring over the broker is not built (refused).
+register_bus("embedded", _make_embedded, settings=_embedded_settings,
+             tasks=frozenset({"finetune", "infer", "calibrate", "analyze"}))  # fmt: skip
+register_bus("rabbitmq", _make_rabbitmq, settings=_rabbitmq_settings,
+             tasks=frozenset({"finetune", "analyze"}))  # fmt: skip

@@ -9,21 +9,35 @@ unacked messages when a consumer nacks or disconnects, prefetch, bounded waits, 
 Why not `multiprocessing.managers`: its proxies pickle arguments and results, so anyone
 holding the auth key could make the host unpickle arbitrary objects, and it offers no hook
 to requeue a consumer's unacked messages when that consumer's connection drops. So this
-module uses only the stdlib's framing (`multiprocessing.connection.Connection.send_bytes`
-/ `recv_bytes`, which never unpickle) over a socket, carries JSON headers and the
-already-encoded message bytes, and authenticates both ends with an HMAC-SHA256
-challenge-response (Python 3.11's `deliver_challenge` still uses HMAC-MD5). One thread per
-client connection; a consumer blocks on a condition variable, so a publish wakes it at once.
+module speaks the one wire: a connection opens with `wire.auth`'s HMAC-SHA256 handshake
+(small frames before the proof, one deadline for the whole exchange), then every request and
+reply is one `wire.blobs` frame: `kind` the operation, `meta` its arguments, the payload the
+already-encoded message bodies. One thread per client connection; a consumer blocks on a
+condition variable, so a publish wakes it at once.
+
+On a testbed whose path from a node to the bus's host has a delay (this kernel has no netem),
+the node's `EmbeddedBus` takes a `wire.delay.DelayLine` to the bus (peer `BUS_PEER`): each
+request waits out the one-way delay before it is sent and each reply after it arrives, so a
+message from node a to node b through the bus on host c takes delay(a, c) + delay(c, b), as
+data frames between them do.
+
+A connection is one node: its `hello` must name the node id it authenticated as, only one
+connection holds a node's queue at a time (a second is refused while the first is alive; a
+restart after a crash takes over at once), it consumes only that queue, and every message it
+publishes must carry that node as `sender` and its session as `session_id`. The handshake
+proves only the session key, so a key holder can still claim a node that is not connected;
+`ControlEndpoint(peers=...)` drops messages from senders outside the run. A publish reaches
+only queues of the publisher's session, and creates at most `MAX_QUEUES` queues in all. A
+malformed or refused operation gets an `error` reply naming the field (`ProtocolError` on
+the client) and the connection goes on.
 
     .venv/bin/python tools/bench_control.py --quick --bus embedded
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
 import logging
+import math
 import os
 import secrets
 import socket
@@ -31,27 +45,39 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from typing import Any
 
-from splitlab.control.bus import ControlBus, Delivery, check_name, decode_delivery, queue_name
-from splitlab.control.messages import Message, encode
-from splitlab.errors import PeerLostError, ProtocolError
+from splitlab.control.bus import (
+    QUEUE_PREFIX,
+    ControlBus,
+    Delivery,
+    check_name,
+    decode_delivery,
+    queue_name,
+)
+from splitlab.control.messages import MAX_MESSAGE_BYTES, BusMessage, encode
+from splitlab.errors import ConfigError, PeerLostError, ProtocolError
+from splitlab.wire.accept import MAX_HANDSHAKES, Acceptor, Done
+from splitlab.wire.auth import ReplayGuard, client_handshake, server_handshake
+from splitlab.wire.blobs import Blob, encode_blob_frame, read_blob_frame
+from splitlab.wire.delay import DelayLine
+from splitlab.wire.errors import AuthError, FrameError, TruncatedFrameError
+from splitlab.wire.header import MAX_HEADER_BYTES, header_length, parse_header
+from splitlab.wire.session_key import SESSION_KEY_ENV
+from splitlab.wire.tickets import SENT, SendTicket
 
 log = logging.getLogger(__name__)
 
-MAX_FRAME_BYTES = 1 << 30  # one UPDATE of a large model fits; anything bigger is refused
-_LEN = struct.Struct(">I")
-_HELLO = b"splitlab-embedded-bus-v1"
-_NONCE_BYTES = 32
+MAX_FRAME_BYTES = MAX_MESSAGE_BYTES + (1 << 20)  # one message and the reply's bookkeeping
 _MAX_WAIT_S = 3600.0  # a consume never parks a server thread longer than this
-ENV_HOST, ENV_PORT, ENV_AUTHKEY = (
-    "SPLITLAB_CONTROL_HOST",
-    "SPLITLAB_CONTROL_PORT",
-    "SPLITLAB_CONTROL_AUTHKEY",
-)
+MAX_QUEUES = 1024  # queues the host keeps at once: publishes to made-up names cannot grow it
+MAX_PREFETCH = 65536
+# The handshake's identities: the key belongs to the bus (the launcher made it), not to a run.
+_REALM, _SERVER_ID, _LANE = "splitlab-embedded-bus", "embedded-bus", "control"
+ENV_HOST, ENV_PORT = "SPLITLAB_CONTROL_HOST", "SPLITLAB_CONTROL_PORT"
+BUS_PEER = "bus"  # the peer name of a node's path to the bus host in its delay line
 
 
 @dataclass(frozen=True)
@@ -62,84 +88,100 @@ class EmbeddedAddress:
 
     def to_env(self) -> dict[str, str]:
         """Environment for child processes (the key stays out of their command lines)."""
-        return {ENV_HOST: self.host, ENV_PORT: str(self.port), ENV_AUTHKEY: self.authkey.hex()}
+        return {ENV_HOST: self.host, ENV_PORT: str(self.port), SESSION_KEY_ENV: self.authkey.hex()}
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> EmbeddedAddress:
         env = dict(os.environ if env is None else env)
-        return cls(env[ENV_HOST], int(env[ENV_PORT]), bytes.fromhex(env[ENV_AUTHKEY]))
+        return cls(env[ENV_HOST], int(env[ENV_PORT]), bytes.fromhex(env[SESSION_KEY_ENV]))
 
 
-def _pack(header: dict[str, Any], body: bytes = b"") -> bytes:
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    return b"".join((_LEN.pack(len(raw)), raw, body))
+class _Conn:
+    """One authenticated socket carrying blob frames; reads are bounded by `timeout_s`."""
 
+    def __init__(self, sock: socket.socket, peer: str) -> None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # small frames go out at once
+        self.sock, self.peer = sock, peer
+        self._scratch = bytearray(4 + MAX_HEADER_BYTES)
 
-def _unpack(frame: bytes) -> tuple[dict[str, Any], bytes]:
-    if len(frame) < _LEN.size:
-        raise ProtocolError(f"embedded bus frame of {len(frame)} bytes is too short")
-    (n,) = _LEN.unpack_from(frame)
-    if _LEN.size + n > len(frame):
-        raise ProtocolError(f"embedded bus header length {n} exceeds the {len(frame)}-byte frame")
-    header = json.loads(frame[_LEN.size : _LEN.size + n])
-    if not isinstance(header, dict):
-        raise ProtocolError("embedded bus header must be a JSON object")
-    return header, frame[_LEN.size + n :]
+    def send(self, op: str, meta: dict[str, Any], blobs: dict[str, Blob] | None = None) -> None:
+        self.sock.sendall(b"".join(encode_blob_frame(op, meta, blobs or {})))
 
+    def recv(self, wait_s: float) -> tuple[str, dict[str, Any], dict[str, bytearray]]:
+        """One frame within `wait_s`, or `PeerLostError` naming the peer."""
+        self.sock.settimeout(max(wait_s, 1e-3))
+        try:
+            header, blobs = read_blob_frame(
+                self.sock.recv_into, self._scratch, max_frame_bytes=MAX_FRAME_BYTES
+            )
+        except TimeoutError:
+            raise PeerLostError(
+                f"embedded control bus {self.peer} did not answer within {wait_s:.1f} s"
+            ) from None
+        except (TruncatedFrameError, OSError) as exc:
+            raise PeerLostError(f"embedded control bus {self.peer} is gone: {exc!r}") from None
+        return header.kind, header.meta, blobs
 
-def _mac(authkey: bytes, label: bytes, nonce: bytes) -> bytes:
-    return hmac.new(authkey, label + nonce, hashlib.sha256).digest()
+    def peer_closed(self) -> bool:
+        """Whether the peer has closed its end (seen without reading what it sent, and
+        without waiting: a non-blocking probe on a duplicate descriptor; the socket's own
+        timeout stays as it is, and a socket with a timeout is non-blocking already)."""
+        try:
+            with socket.socket(fileno=os.dup(self.sock.fileno())) as probe:
+                probe.setblocking(False)
+                return probe.recv(1, socket.MSG_PEEK) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
 
+    def shutdown(self) -> None:
+        """Wake a thread blocked reading this socket (closing the fd alone does not)."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
-def _recv(conn: Connection, wait_s: float, peer: str) -> bytes:
-    """One frame within `wait_s`, or `PeerLostError` naming the peer."""
-    try:
-        if not conn.poll(wait_s):
-            raise PeerLostError(f"embedded control bus {peer} did not answer within {wait_s:.1f} s")
-        return conn.recv_bytes(MAX_FRAME_BYTES)
-    except (EOFError, OSError) as exc:
-        raise PeerLostError(f"embedded control bus {peer} is gone: {exc!r}") from None
-
-
-def _shutdown(conn: Connection) -> None:
-    """Wake a thread blocked reading `conn` (closing the fd alone does not) and tell the peer."""
-    try:
-        s = socket.socket(fileno=os.dup(conn.fileno()))
-    except OSError:
-        return
-    try:
-        s.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    finally:
-        s.close()
-
-
-def _connection(sock: socket.socket) -> Connection:
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # small frames go out at once
-    sock.settimeout(None)
-    return Connection(sock.detach())
+    def close(self) -> None:
+        self.sock.close()
 
 
 class _Queues:
-    """The broker state: ready messages per queue, guarded by one lock."""
+    """The broker state: ready messages per queue, guarded by one lock. A publish may create
+    at most `max_queues` queues in all (a node's own queue and requeues are never refused)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_queues: int = MAX_QUEUES) -> None:
         self.lock = threading.Lock()
         self.ready: dict[str, deque[tuple[bytes, bool]]] = {}
         self.conds: dict[str, threading.Condition] = {}
         self.closed = False
+        self.max_queues = max_queues
 
-    def _queue(self, name: str) -> deque[tuple[bytes, bool]]:
+    def _queue(self, name: str, *, capped: bool = False) -> deque[tuple[bytes, bool]]:
         if name not in self.ready:
+            if capped and len(self.ready) >= self.max_queues:
+                raise ProtocolError(
+                    f"queue {name!r} refused: the bus holds max_queues={self.max_queues} queues"
+                )
             self.ready[name] = deque()
             self.conds[name] = threading.Condition(self.lock)
         return self.ready[name]
 
+    def declare(self, name: str) -> None:
+        with self.lock:
+            self._queue(name)
+
     def put(self, name: str, body: bytes) -> None:
         with self.lock:
-            self._queue(name).append((body, False))
+            self._queue(name, capped=True).append((body, False))
             self.conds[name].notify()
+
+    def wake(self, name: str) -> None:
+        """Wake a consumer of `name` so it looks at its own stop flag."""
+        with self.lock:
+            cond = self.conds.get(name)
+            if cond is not None:
+                cond.notify_all()
 
     def requeue(self, name: str, bodies: list[bytes]) -> None:
         """Put unacked bodies back at the head, in their original order, marked redelivered."""
@@ -150,14 +192,18 @@ class _Queues:
             q.extendleft((b, True) for b in reversed(bodies))
             self.conds[name].notify()
 
-    def take(self, name: str, max_count: int, timeout_s: float) -> list[tuple[bytes, bool]]:
+    def take(self, name: str, max_count: int, timeout_s: float,
+             stop: Callable[[], bool]) -> list[tuple[bytes, bool]]:  # fmt: skip
+        """Up to `max_count` messages, waiting up to `timeout_s` for one (or until `stop()`)."""
         with self.lock:
             q = self._queue(name)
             cond = self.conds[name]
             if max_count > 0:
-                cond.wait_for(lambda: bool(q) or self.closed, timeout_s)
+                cond.wait_for(lambda: bool(q) or self.closed or stop(), timeout_s)
             else:  # prefetch exhausted: like RabbitMQ, nothing arrives until something is acked
-                cond.wait_for(lambda: self.closed, timeout_s)
+                cond.wait_for(lambda: self.closed or stop(), timeout_s)
+            if stop():
+                return []
             return [q.popleft() for _ in range(min(max_count, len(q)))]
 
     def delete(self, names: Iterable[str]) -> None:
@@ -175,6 +221,25 @@ class _Queues:
                 cond.notify_all()
 
 
+
+def _dial(host: str, port: int, timeout_s: float, peer: str) -> socket.socket:
+    """Connect within `timeout_s`; a refused connection (a host started at the same time as
+    its clients, not listening yet) is retried with back-off until then."""
+    deadline = time.monotonic() + timeout_s
+    pause_s = 0.05
+    while True:
+        try:
+            return socket.create_connection((host, port), timeout=timeout_s)
+        except ConnectionRefusedError as exc:
+            if time.monotonic() + pause_s > deadline:
+                raise PeerLostError(f"cannot reach the embedded control bus {peer} "
+                                    f"within {timeout_s:.0f} s: {exc!r}") from None  # fmt: skip
+            time.sleep(pause_s)
+            pause_s = min(1.0, pause_s * 1.5)
+        except OSError as exc:
+            raise PeerLostError(f"cannot reach the embedded control bus {peer}: {exc!r}") from None
+
+
 class EmbeddedBusServer:
     """The broker, hosted by the launcher: `address = server.start()`, then `server.close()`."""
 
@@ -184,18 +249,19 @@ class EmbeddedBusServer:
         self.host, self._port = host, port
         self.authkey = authkey if authkey is not None else secrets.token_bytes(32)
         self.queues = _Queues()
-        self._sock: socket.socket | None = None
-        self._conns: set[Connection] = set()
+        self._conns: set[_Conn] = set()
         self._conns_lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
+        self._holders: dict[str, _ClientState] = {}  # queue -> the connection of its node
+        self._acceptor: Acceptor | None = None
+        self._guard = ReplayGuard()
         self.handshake_timeout_s = 10.0
+        self.max_handshakes = MAX_HANDSHAKES
 
     def start(self) -> EmbeddedAddress:
-        self._sock = socket.create_server((self.host, self._port))
-        self._port = self._sock.getsockname()[1]
-        t = threading.Thread(target=self._accept_loop, name="embedded-bus-accept", daemon=True)
-        t.start()
-        self._threads.append(t)
+        sock = socket.create_server((self.host, self._port))
+        self._port = sock.getsockname()[1]
+        self._acceptor = Acceptor(sock, self._serve, name="embedded-bus",
+                                  max_handshakes=self.max_handshakes).start()  # fmt: skip
         return self.address
 
     @property
@@ -213,19 +279,15 @@ class EmbeddedBusServer:
 
     def close(self) -> None:
         """Stop accepting, wake every waiter and drop every client: they see `PeerLostError`."""
-        if self._sock is not None:
-            try:
-                self._sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            self._sock.close()
+        if self._acceptor is not None:
+            self._acceptor.close()
         self.queues.close()
         with self._conns_lock:
             conns = list(self._conns)
         for conn in conns:
-            _shutdown(conn)
-        for t in self._threads:
-            t.join(timeout=5.0)
+            conn.shutdown()
+        if self._acceptor is not None:
+            self._acceptor.join()
 
     def __enter__(self) -> EmbeddedBusServer:
         self.start()
@@ -234,69 +296,80 @@ class EmbeddedBusServer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _accept_loop(self) -> None:
-        assert self._sock is not None
-        while True:
-            try:
-                sock, _ = self._sock.accept()
-            except OSError:
-                return  # closed
-            t = threading.Thread(target=self._serve, args=(_connection(sock),), daemon=True)
-            t.name = "embedded-bus-client"
-            with self._conns_lock:
-                self._threads = [x for x in self._threads if x.is_alive()]
-                self._threads.append(t)
-            t.start()
-
-    def _serve(self, conn: Connection) -> None:
+    def _serve(self, sock: socket.socket, done: Done) -> None:
+        """One client connection, on its own thread: the handshake, then its requests. A bad
+        request is answered with an error naming the field; nothing a client sends ends this
+        thread with a traceback."""
+        conn = _Conn(sock, "client")
         with self._conns_lock:
             self._conns.add(conn)
-        client = _ClientState()
+        client = _ClientState(conn)
         try:
-            self._handshake(conn)
+            hello = server_handshake(conn.sock, key=self.authkey, session=_REALM,
+                                     server_id=_SERVER_ID, guard=self._guard,
+                                     timeout_s=self.handshake_timeout_s)  # fmt: skip
+            done()
+            client.identity = hello.client_id
+            conn.peer = f"client {hello.client_id!r}"
             while True:
-                header, body = _unpack(_recv(conn, _MAX_WAIT_S * 2, "client"))
-                reply = self._handle(client, header, body)
-                if reply is None or self.queues.closed:
+                op, meta, blobs = conn.recv(_MAX_WAIT_S * 2)
+                try:
+                    reply = self._handle(client, op, meta, blobs)
+                except ProtocolError as exc:
+                    log.warning("embedded bus: refused %r from %s: %s", op, conn.peer, exc)
+                    conn.send("error", {"reason": str(exc)})
+                    continue
+                if reply is None or self.queues.closed or client.evicted:
                     break  # closing: the client sees the connection drop, not an empty reply
-                conn.send_bytes(reply)
-        except (PeerLostError, ProtocolError, OSError, ValueError) as exc:
+                conn.send("reply", *reply)
+        except (PeerLostError, ProtocolError, OSError) as exc:
             log.debug("embedded bus client %s left: %r", client.queue, exc)
+        except Exception as exc:  # a bug here must not leave a traceback per client
+            log.error("embedded bus: dropped %s after an unexpected error: %r", conn.peer, exc)
         finally:
             for name, bodies in client.unacked_by_queue().items():
                 self.queues.requeue(name, bodies)
             with self._conns_lock:
                 self._conns.discard(conn)
+                if client.queue is not None and self._holders.get(client.queue) is client:
+                    del self._holders[client.queue]
             conn.close()
 
-    def _handshake(self, conn: Connection) -> None:
-        nonce = secrets.token_bytes(_NONCE_BYTES)
-        conn.send_bytes(_HELLO + nonce)
-        answer = _recv(conn, self.handshake_timeout_s, "client")
-        mac, client_nonce = answer[:32], answer[32:]
-        if len(client_nonce) != _NONCE_BYTES or not hmac.compare_digest(
-            mac, _mac(self.authkey, b"client", nonce)
-        ):
-            conn.send_bytes(b"denied")
-            raise ProtocolError("embedded bus client failed authentication")
-        conn.send_bytes(_mac(self.authkey, b"server", client_nonce))
+    def _handle(
+        self, client: _ClientState, op: str, meta: dict[str, Any], blobs: dict[str, bytearray]
+    ) -> tuple[dict[str, Any], dict[str, Blob]] | None:
+        """One request; returns the reply's (meta, blobs), or None to end the connection.
 
-    def _handle(self, client: _ClientState, header: dict[str, Any], body: bytes) -> bytes | None:
-        client.settle(header.get("acks", ()), header.get("nacks", ()), self.queues)
-        op = header.get("op")
+        Raises:
+            ProtocolError: a malformed or refused request (named); the connection goes on.
+        """
+        acks, nacks = _settlements(meta)
+        client.settle(acks, nacks, self.queues)
+        if op == "close":
+            return None
         if op == "hello":
-            client.queue = queue_name(header["session"], header["node_id"])
-            client.prefetch = int(header["prefetch"])
-            return _pack({"ok": True})
+            self._hello(client, meta)
+            return _OK
+        if op == "settle":
+            return _OK
+        if client.queue is None or client.session is None:
+            raise ProtocolError(f"{op!r} before hello")
         if op == "publish":
-            self.queues.put(str(header["queue"]), body)
-            return _pack({"ok": True})
+            name = _own_queue(client.session, _arg(meta, "queue", str))
+            body = blobs.get("body")
+            if body is None:
+                raise ProtocolError(f"publish to {name!r} carries no body")
+            _check_sender(client, name, body)
+            self.queues.put(name, body)
+            return _OK
         if op == "consume":
-            if client.queue is None:
-                raise ProtocolError("consume before hello")
+            max_count = _arg(meta, "max", int)
+            if max_count < 0:
+                raise ProtocolError(f"consume: field 'max' = {max_count} must be >= 0")
+            wait_s = _seconds(meta, "timeout_s")
             room = client.prefetch - len(client.unacked)
-            wait_s = min(float(header["timeout_s"]), _MAX_WAIT_S)
-            items = self.queues.take(client.queue, min(int(header["max"]), room), wait_s)
+            items = self.queues.take(client.queue, min(max_count, room), min(wait_s, _MAX_WAIT_S),
+                                     lambda: client.evicted)  # fmt: skip
             out = []
             for item_body, redelivered in items:
                 client.next_tag += 1
@@ -304,29 +377,121 @@ class EmbeddedBusServer:
                 out.append(
                     {"tag": client.next_tag, "redelivered": redelivered, "size": len(item_body)}
                 )
-            return _pack({"deliveries": out}, b"".join(b for b, _ in items))
+            bodies = {"bodies": b"".join(b for b, _ in items)} if items else {}
+            return {"deliveries": out}, bodies
         if op == "delete":
-            self.queues.delete(str(q) for q in header["queues"])
-            return _pack({"ok": True})
-        if op == "settle":
-            return _pack({"ok": True})
-        if op == "close":
-            return None
+            names = _arg(meta, "queues", list)
+            if len(names) > self.queues.max_queues:
+                raise ProtocolError(f"delete: {len(names)} queues, over max_queues")
+            self.queues.delete(_own_queue(client.session, n) for n in names)
+            return _OK
         raise ProtocolError(f"unknown embedded bus op {op!r}")
+
+    def _hello(self, client: _ClientState, meta: dict[str, Any]) -> None:
+        """Bind the connection to its node: the id it authenticated as, one connection each."""
+        if client.queue is not None:
+            raise ProtocolError(f"hello again from {client.node_id!r}")
+        session, node_id = _arg(meta, "session", str), _arg(meta, "node_id", str)
+        prefetch = _arg(meta, "prefetch", int)
+        if not 1 <= prefetch <= MAX_PREFETCH:
+            raise ProtocolError(f"hello: field 'prefetch' = {prefetch} must be 1..{MAX_PREFETCH}")
+        if node_id != client.identity:
+            raise ProtocolError(
+                f"hello as {node_id!r} on a connection authenticated as {client.identity!r}"
+            )
+        name = _queue_of(session, node_id)
+        with self._conns_lock:
+            holder = self._holders.get(name)
+            if holder is not None and not holder.conn.peer_closed():
+                raise ProtocolError(
+                    f"node {node_id!r} of session {session!r} is already connected"
+                )
+            self._holders[name] = client
+        if holder is not None:  # its process died and its thread waits in a consume: end it
+            holder.evicted = True
+            holder.conn.shutdown()
+            self.queues.wake(name)
+        self.queues.declare(name)
+        client.session, client.node_id, client.queue = session, node_id, name
+        client.prefetch = prefetch
+
+
+_OK: tuple[dict[str, Any], dict[str, Blob]] = ({"ok": True}, {})
+
+
+def _arg(meta: dict[str, Any], name: str, tp: type) -> Any:
+    value = meta.get(name)
+    if type(value) is not tp:
+        raise ProtocolError(f"field {name!r} = {value!r:.80} is not {tp.__name__}")
+    return value
+
+
+def _seconds(meta: dict[str, Any], name: str) -> float:
+    value = meta.get(name)
+    if type(value) not in (int, float) or not 0 <= value < math.inf:  # NaN fails too
+        raise ProtocolError(f"field {name!r} = {value!r:.80} must be a finite number >= 0")
+    return float(value)
+
+
+def _settlements(meta: dict[str, Any]) -> tuple[list[int], list[tuple[int, bool]]]:
+    acks, nacks = meta.get("acks", []), meta.get("nacks", [])
+    if type(acks) is not list or not all(type(t) is int for t in acks):
+        raise ProtocolError(f"field 'acks' = {acks!r:.80} is not a list of delivery tags")
+    if type(nacks) is not list or not all(
+        type(n) is list and len(n) == 2 and type(n[0]) is int and type(n[1]) is bool for n in nacks
+    ):
+        raise ProtocolError(f"field 'nacks' = {nacks!r:.80} is not a list of [tag, requeue]")
+    return acks, [(t, r) for t, r in nacks]
+
+
+def _queue_of(session: str, node_id: str) -> str:
+    try:
+        return queue_name(session, node_id)
+    except ConfigError as exc:
+        raise ProtocolError(str(exc)) from None
+
+
+def _own_queue(session: str, name: Any) -> str:
+    """A queue of the client's own session, by its full name; any other is refused, named."""
+    prefix = f"{QUEUE_PREFIX}.{session}."
+    if type(name) is not str or not name.startswith(prefix):
+        raise ProtocolError(f"queue {name!r:.80} is not a queue of session {session!r}")
+    return _queue_of(session, name[len(prefix):])
+
+
+def _check_sender(client: _ClientState, queue: str, body: bytearray) -> None:
+    """The message's `sender` and `session_id` must be the connection's own node."""
+    try:
+        n = header_length(body[:4])
+        meta = parse_header(memoryview(body)[4 : 4 + n], max_frame_bytes=MAX_MESSAGE_BYTES).meta
+    except (FrameError, struct.error) as exc:
+        raise ProtocolError(f"publish to {queue!r}: the body is not a message: {exc}") from None
+    sender, session = meta.get("sender"), meta.get("session_id")
+    if (sender, session) != (client.node_id, client.session):
+        raise ProtocolError(
+            f"publish to {queue!r}: a message from {sender!r:.80} of session {session!r:.80} "
+            f"on the connection of node {client.node_id!r} of session {client.session!r}"
+        )
 
 
 class _ClientState:
-    def __init__(self) -> None:
+    def __init__(self, conn: _Conn) -> None:
+        self.conn = conn
+        self.identity: str | None = None  # the node id the handshake authenticated
+        self.session: str | None = None
+        self.node_id: str | None = None
         self.queue: str | None = None
+        self.evicted = False  # a reconnect of the same node took over (this one's peer died)
         self.prefetch = 1
         self.next_tag = 0
         self.unacked: dict[int, tuple[str, bytes]] = {}
 
-    def settle(self, acks: Iterable[int], nacks: Iterable[list[Any]], queues: _Queues) -> None:
+    def settle(self, acks: Iterable[int], nacks: Iterable[tuple[int, bool]],
+               queues: _Queues) -> None:  # fmt: skip
         for tag in acks:
-            self.unacked.pop(int(tag), None)
+            self.unacked.pop(tag, None)
         for tag, requeue in nacks:
-            item = self.unacked.pop(int(tag), None)
+            item = self.unacked.pop(tag, None)
             if item is not None and requeue:
                 queues.requeue(item[0], [item[1]])
 
@@ -341,11 +506,10 @@ class _ClientState:
 class EmbeddedBus(ControlBus):
     """A node's connection to the embedded broker. Use from the thread that opened it."""
 
-    def __init__(
-        self, conn: Connection, *, peer: str, session: str, node_id: str, timeout_s: float
-    ) -> None:
-        self._conn: Connection | None = conn
-        self._peer = peer
+    def __init__(self, conn: _Conn, *, session: str, node_id: str, timeout_s: float,
+                 delay: DelayLine | None = None) -> None:  # fmt: skip
+        self._conn: _Conn | None = conn
+        self.delay = delay  # a testbed path's delay to the bus host (module docstring)
         self.session, self.node_id, self.timeout_s = session, node_id, timeout_s
         self._queue = queue_name(session, node_id)
         self._published: set[str] = set()
@@ -364,47 +528,50 @@ class EmbeddedBus(ControlBus):
         node_id: str,
         prefetch: int = 16,
         timeout_s: float = 30.0,
+        delay: DelayLine | None = None,
     ) -> EmbeddedBus:
-        """Connect and authenticate within `timeout_s`; `PeerLostError` if the host is not there."""
+        """Connect and authenticate within `timeout_s` (a host not listening yet is retried until
+        then); `PeerLostError` if the host is not there."""
         check_name("session", session)
         check_name("node_id", node_id)
         peer = f"host {host}:{port}"
+        sock = _dial(host, port, timeout_s, peer)
+        conn = _Conn(sock, peer)
         try:
-            sock = socket.create_connection((host, port), timeout=timeout_s)
-        except OSError as exc:
-            raise PeerLostError(f"cannot reach the embedded control bus {peer}: {exc!r}") from None
-        conn = _connection(sock)
-        try:
-            hello = _recv(conn, timeout_s, peer)
-            if not hello.startswith(_HELLO):
-                raise ProtocolError(f"{peer} is not an embedded control bus")
-            nonce = secrets.token_bytes(_NONCE_BYTES)
-            conn.send_bytes(_mac(authkey, b"client", hello[len(_HELLO) :]) + nonce)
-            if not hmac.compare_digest(
-                _recv(conn, timeout_s, peer), _mac(authkey, b"server", nonce)
-            ):
-                raise PeerLostError(
-                    f"embedded control bus {peer} rejected the auth key (or is not ours)"
-                )
-        except BaseException:
+            client_handshake(sock, key=authkey, session=_REALM, client_id=node_id,
+                             server_id=_SERVER_ID, lane=_LANE, timeout_s=timeout_s)  # fmt: skip
+        except AuthError as exc:
             conn.close()
+            raise PeerLostError(
+                f"embedded control bus {peer} rejected the auth key (or is not ours): {exc}"
+            ) from None
+        except (TruncatedFrameError, OSError) as exc:
+            conn.close()
+            raise PeerLostError(f"embedded control bus {peer} left the handshake: {exc!r}") from None
+        bus = cls(conn, session=session, node_id=node_id, timeout_s=timeout_s, delay=delay)
+        try:
+            bus._call("hello", {"session": session, "node_id": node_id, "prefetch": prefetch})
+        except BaseException:
+            bus._conn = None
+            conn.close()
+            if delay is not None:
+                delay.close(drain_timeout_s=0)
             raise
-        bus = cls(conn, peer=peer, session=session, node_id=node_id, timeout_s=timeout_s)
-        bus._call({"op": "hello", "session": session, "node_id": node_id, "prefetch": prefetch})
         return bus
 
-    def publish(self, to_node: str, msg: Message, timeout_s: float | None = None) -> None:
+    def publish(self, to_node: str, msg: BusMessage, timeout_s: float | None = None) -> None:
         name = queue_name(self.session, to_node)
-        self._call({"op": "publish", "queue": name}, encode(msg), timeout_s=timeout_s)
+        self._call("publish", {"queue": name}, {"body": encode(msg)}, timeout_s=timeout_s)
         self._published.add(name)
 
     def consume_batch(self, max_count: int, timeout_s: float) -> list[Delivery]:
-        header, body = self._call(
-            {"op": "consume", "max": max_count, "timeout_s": max(0.0, timeout_s)},
+        meta, blobs = self._call(
+            "consume", {"max": max_count, "timeout_s": max(0.0, timeout_s)},
             timeout_s=self.timeout_s + max(0.0, timeout_s),
-        )
+        )  # fmt: skip
+        body = memoryview(blobs.get("bodies", b""))
         out, offset = [], 0
-        for d in header["deliveries"]:
+        for d in meta["deliveries"]:
             chunk = body[offset : offset + d["size"]]
             offset += d["size"]
             out.append(decode_delivery(chunk, bool(d["redelivered"]), self._settler(int(d["tag"]))))
@@ -413,22 +580,36 @@ class EmbeddedBus(ControlBus):
     def flush(self) -> None:
         """Send pending acks and nacks now (they otherwise ride on the next request)."""
         if self._acks or self._nacks:
-            self._call({"op": "settle"})
+            self._call("settle", {})
 
     def close(self) -> None:
         if self._conn is None:
             return
         try:
-            self._conn.send_bytes(_pack({"op": "close", "acks": self._acks, "nacks": self._nacks}))
-            self._conn.poll(min(self.timeout_s, 5.0))  # the host closes after settling
-        except OSError:
-            pass
+            self._conn.send("close", {"acks": self._acks, "nacks": self._nacks})
+            self._conn.recv(min(self.timeout_s, 5.0))  # the host closes after settling
+        except (OSError, PeerLostError, ProtocolError):
+            pass  # the expected end: the host dropped the connection
         self._conn.close()
         self._conn = None
+        if self.delay is not None:
+            self.delay.close(drain_timeout_s=0)
 
     def cleanup(self, node_ids: Iterable[str] = ()) -> None:
         names = {self._queue, *self._published, *(queue_name(self.session, n) for n in node_ids)}
-        self._call({"op": "delete", "queues": sorted(names)})
+        self._call("delete", {"queues": sorted(names)})
+
+    def _through_delay(self, hand_on: Callable[[], None], timeout_s: float) -> None:
+        """`hand_on()` now, or once the delay line to the bus has held it its one-way delay."""
+        if self.delay is None:
+            hand_on()
+            return
+
+        def deliver() -> SendTicket:
+            hand_on()
+            return SENT
+
+        self.delay.submit(BUS_PEER, BUS_PEER, deliver, timeout_s=timeout_s).wait(timeout_s)
 
     def _settler(self, tag: int) -> Any:
         def settle(ack: bool, requeue: bool) -> None:
@@ -440,19 +621,26 @@ class EmbeddedBus(ControlBus):
         return settle
 
     def _call(
-        self, header: dict[str, Any], body: bytes = b"", timeout_s: float | None = None
-    ) -> tuple[dict[str, Any], bytes]:
+        self, op: str, meta: dict[str, Any], blobs: dict[str, Blob] | None = None,
+        timeout_s: float | None = None,
+    ) -> tuple[dict[str, Any], dict[str, bytearray]]:  # fmt: skip
         if self._conn is None:
             raise PeerLostError(f"embedded control bus connection of {self.node_id!r} is closed")
         if threading.get_ident() != self._thread:
             raise RuntimeError("an EmbeddedBus is used only by the thread that opened it")
-        header["acks"], header["nacks"] = self._acks, self._nacks
+        meta["acks"], meta["nacks"] = self._acks, self._nacks
         self._acks, self._nacks = [], []
         started = time.monotonic()
-        try:
-            self._conn.send_bytes(_pack(header, body))
-        except OSError as exc:
-            raise PeerLostError(f"embedded control bus {self._peer} is gone: {exc!r}") from None
         wait_s = self.timeout_s if timeout_s is None else timeout_s
+        try:
+            self._through_delay(lambda conn=self._conn: conn.send(op, meta, blobs), wait_s)
+        except OSError as exc:
+            raise PeerLostError(f"embedded control bus {self._conn.peer} is gone: {exc!r}") from None
         remaining_s = max(0.0, wait_s - (time.monotonic() - started))
-        return _unpack(_recv(self._conn, remaining_s, self._peer))
+        kind, reply, reply_blobs = self._conn.recv(remaining_s)
+        self._through_delay(lambda: None, wait_s)  # the reply's way back
+        if kind == "error":
+            raise ProtocolError(f"embedded control bus refused {op!r}: {reply.get('reason')}")
+        if kind != "reply":
+            raise ProtocolError(f"embedded control bus {self._conn.peer} answered {kind!r} to {op!r}")
+        return reply, reply_blobs

@@ -16,16 +16,18 @@ from collections.abc import Collection, Iterable
 
 from splitlab.control.bus import ControlBus
 from splitlab.control.inbox import Inbox
-from splitlab.control.messages import Abort, Kind, Message
+from splitlab.control.messages import Abort, BusMessage, Kind
 from splitlab.errors import AbortedError, ProtocolError, WaitTimeoutError
 
 
 class ControlEndpoint:
     """Send and receive protocol messages for one node of one session."""
 
-    def __init__(self, bus: ControlBus, *, window_id: int = 0, batch: int = 64) -> None:
+    def __init__(self, bus: ControlBus, *, window_id: int = 0, batch: int = 64,
+                 peers: Collection[str] | None = None) -> None:  # fmt: skip
+        """`peers`: the session's node ids; messages from any other sender are dropped."""
         self.bus = bus
-        self.inbox = Inbox(bus.session, window_id=window_id)
+        self.inbox = Inbox(bus.session, window_id=window_id, peers=peers)
         self._batch = batch
 
     @property
@@ -44,16 +46,16 @@ class ControlEndpoint:
         """Enter a window; do it before sending the message that lets peers move on."""
         self.inbox.advance(window_id)
 
-    def send(self, to_node: str, msg: Message, timeout_s: float | None = None) -> None:
+    def send(self, to_node: str, msg: BusMessage, timeout_s: float | None = None) -> None:
         self.bus.publish(to_node, msg, timeout_s)
 
     def send_all(
-        self, to_nodes: Iterable[str], msg: Message, timeout_s: float | None = None
+        self, to_nodes: Iterable[str], msg: BusMessage, timeout_s: float | None = None
     ) -> None:
         for node in to_nodes:
             self.bus.publish(node, msg, timeout_s)
 
-    def poll(self, timeout_s: float, kinds: Collection[Kind] | None = None) -> Message | None:
+    def poll(self, timeout_s: float, kinds: Collection[Kind] | None = None) -> BusMessage | None:
         """Next message (ABORT first, else the oldest of `kinds`), waiting up to `timeout_s`."""
         deadline = time.monotonic() + max(0.0, timeout_s)
         while True:
@@ -65,7 +67,7 @@ class ControlEndpoint:
             if msg is not None or time.monotonic() >= deadline:
                 return msg
 
-    def wait_for(self, kinds: Collection[Kind], timeout_s: float) -> Message:
+    def wait_for(self, kinds: Collection[Kind], timeout_s: float) -> BusMessage:
         """Like `poll`, but an ABORT raises `AbortedError` and running out raises `WaitTimeoutError`."""
         msg = self.poll(timeout_s, kinds)
         if isinstance(msg, Abort) and Kind.ABORT not in kinds:
@@ -79,10 +81,10 @@ class ControlEndpoint:
             )
         return msg
 
-    def collect(self, kind: Kind, senders: Collection[str], timeout_s: float) -> dict[str, Message]:
+    def collect(self, kind: Kind, senders: Collection[str], timeout_s: float) -> dict[str, BusMessage]:
         """One `kind` message from each of `senders` in the current window (a barrier)."""
         deadline = time.monotonic() + timeout_s
-        got: dict[str, Message] = {}
+        got: dict[str, BusMessage] = {}
         while len(got) < len(senders):
             remaining_s = deadline - time.monotonic()
             try:

@@ -81,12 +81,7 @@ class Membership:
                 f"node {msg.node_id!r} registered with role {msg.role!r}; "
                 f"expected roles are {sorted(self.expected_by_role)}"
             )
-        if not msg.compute_weight > 0:
-            raise ProtocolError(
-                f"node {msg.node_id!r}: compute_weight must be > 0, got {msg.compute_weight}"
-            )
-        if not 0 <= msg.port <= 65535:
-            raise ProtocolError(f"node {msg.node_id!r}: port {msg.port} is out of range")
+        msg.check()  # weight and port ranges, as at decode (this REGISTER may be built here)
         info = NodeInfo(
             node_id=msg.node_id,
             role=msg.role,

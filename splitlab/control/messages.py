@@ -1,34 +1,52 @@
-"""Control-plane messages: frozen dataclasses with a `kind` tag, encoded as JSON, never pickle.
+"""Every control message of splitlab: frozen dataclasses with a `kind` tag, one codec.
 
-A message from the network is data, not code: `decode` checks the framing, the protocol
-version, the kind and the type of every known field, ignores unknown fields (so a newer peer
-can add some) and raises `ProtocolError` naming the offending key and value.
+Two protocols share this module (Petals keeps its wire types in one `data_structures.py`):
 
-Encoding (one layout for every kind, the same shape as the data-plane frame):
+- the fine-tuning control bus (`BusMessage`: session, sender, window, microbatch), routed per
+  node through a `ControlBus`:
+      REGISTER START PLAN OPEN DRAINED COMMIT ABORT UPDATE FAILED STOP
+- the ring's window barrier (`BarrierMessage`) over the control star, head <-> stage:
+      PROPOSE {epoch, token, cuts, decision}   head -> stage   pre-stage configuration `cuts`
+      ACK     {epoch, stage, obs, stats, ...}  stage -> head   ready (with its observation)
+      NACK    {epoch, stage, reason}           stage -> head   cannot pre-stage
+      BARRIER_COMMIT {epoch}                   head -> stage   apply epoch (after every ACK)
+      BARRIER_ABORT  {epoch, reason, fatal}    head -> stage   drop what was pre-staged
+      CLOSE   {reason}                         head -> stage   no barrier: generation ends
+  (the window COMMIT says a worker stepped, the barrier's commits an epoch: two kinds).
 
-    u32 big-endian header length | UTF-8 JSON header | blob bytes
+Encoding is the wire's one frame (`splitlab.wire.blobs`): `u32 | JSON header | blobs`, the
+header's `kind` is the message kind, its `v` the protocol version, its `meta` the fields, and a
+message with a byte field (UPDATE's safetensors `weights`) carries it as the payload, never in
+base64. Non-finite floats travel as null and a float field reads null back as NaN. `decode`
+checks the frame, the version, the kind and every known field (each field's check is resolved
+once per class) and its range (`Message.check`: counts >= 0, ports, finite positive weights,
+the data-plane key's form), ignores unknown fields (a newer peer may add some) and raises
+`ProtocolError` naming the field and value.
 
-The header is `to_dict()` plus `blob_bytes`; only UPDATE has a blob (its safetensors
-`weights`), so a model update never goes through base64.
-
-    .venv/bin/pytest tests/unit/test_control_messages.py -q
+    .venv/bin/pytest tests/unit/test_control_messages.py tests/unit/test_barrier_messages.py -q
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import math
+import re
 import struct
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, NamedTuple, Self
 
 from splitlab.errors import ProtocolError
+from splitlab.wire.blobs import Blob, decode_blob_frame, encode_blob_frame
+from splitlab.wire.errors import FrameError
+from splitlab.wire.header import MAX_HEADER_BYTES, PROTOCOL_VERSION, FrameHeader, parse_header
 
-PROTOCOL_VERSION = 1
-MAX_HEADER_BYTES = 1 << 20  # START carries the roster and plan; 1 MiB is far above any run
-_LEN = struct.Struct(">I")
+MAX_MESSAGE_BYTES = 1 << 30  # one UPDATE of a large model fits; anything bigger is refused
+_HEX_KEY = re.compile(r"([0-9a-fA-F]{64})?")  # START's data-plane key (32 bytes) or "" (env's)
 
 
 class Kind(StrEnum):
@@ -42,6 +60,12 @@ class Kind(StrEnum):
     UPDATE = "update"
     FAILED = "failed"
     STOP = "stop"
+    PROPOSE = "propose"
+    ACK = "ack"
+    NACK = "nack"
+    BARRIER_COMMIT = "barrier_commit"
+    BARRIER_ABORT = "barrier_abort"
+    CLOSE = "close"
 
 
 # Kinds scoped to one window: the inbox applies the stale / future window rules to these only.
@@ -50,88 +74,170 @@ WINDOW_KINDS: frozenset[Kind] = frozenset({Kind.PLAN, Kind.OPEN, Kind.DRAINED, K
 
 @dataclass(frozen=True, kw_only=True)
 class Message:
-    """Fields every message carries. `sender` is the stable node id of the publisher."""
+    """What every message is: a kind, fields checked on the way in, and at most one blob."""
 
     KIND: ClassVar[Kind]
     BLOB_FIELD: ClassVar[str | None] = None
+
+    @property
+    def kind(self) -> Kind:
+        return self.KIND
+
+    def fields_dict(self) -> dict[str, Any]:
+        """The JSON fields (the blob excluded); tuples become lists."""
+        out: dict[str, Any] = {}
+        for f in _schema(type(self)):
+            value = getattr(self, f.name)
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"v": PROTOCOL_VERSION, "kind": self.KIND.value, **self.fields_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], blob: Blob = b"") -> Self:
+        """Known fields checked by type; unknown fields ignored; a missing required one named."""
+        kwargs: dict[str, Any] = {}
+        for f in _schema(cls):
+            if f.name not in data:
+                if f.required:
+                    raise ProtocolError(f"{cls.KIND.value} message: missing field {f.name!r}")
+                continue
+            kwargs[f.name] = f.checker(data[f.name], f.where)
+        if cls.BLOB_FIELD is not None:
+            kwargs[cls.BLOB_FIELD] = bytes(blob)
+        msg = cls(**kwargs)
+        msg.check()
+        return msg
+
+    def check(self) -> None:
+        """Range checks beyond the types (counts, ports, finite numbers), run at decode;
+        raises `ProtocolError` naming the field and value."""
+
+    def _need(self, name: str, ok: bool, what: str) -> None:
+        if not ok:
+            value = getattr(self, name)
+            raise ProtocolError(f"{self.KIND.value}: field {name!r} = {value!r} {what}")
+
+    def _counts(self, *names: str) -> None:
+        for name in names:
+            self._need(name, getattr(self, name) >= 0, "must be >= 0")
+
+
+Check = Callable[[Any, str], Any]  # (value, where) -> the value to keep, or ProtocolError
+
+
+def _bad(value: Any, tp: Any, where: str) -> ProtocolError:
+    """Built only for a bad field: a repr of a large value is not free."""
+    name = getattr(tp, "__name__", str(tp))
+    return ProtocolError(f"{where}: field {where.rsplit('.', 1)[-1]!r} = {value!r} is not {name}")
+
+
+def _compile(tp: Any) -> Check:
+    """A checker for annotation `tp` (JSON types only), built once per field."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:
+        return lambda v, where: v
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) != 1 or len(args) != 2:  # pragma: no cover - schema authoring error
+            raise TypeError(f"only `X | None` unions are supported, got {tp}")
+        check = _compile(inner[0])
+        return lambda v, where: None if v is None else check(v, where)
+    if tp is float:
+        def check_float(v: Any, where: str) -> float:
+            if type(v) is float:
+                return v
+            if v is None:  # how a non-finite float travels
+                return math.nan
+            if type(v) is int:
+                return float(v)
+            raise _bad(v, tp, where)
+        return check_float
+    if tp is int:
+        def check_int(v: Any, where: str) -> int:
+            if type(v) is not int:
+                raise _bad(v, tp, where)
+            return v
+        return check_int
+    if tp in (str, bool):
+        def check_exact(v: Any, where: str) -> Any:
+            if type(v) is not tp:
+                raise _bad(v, tp, where)
+            return v
+        return check_exact
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        item = _compile(args[0])
+        def check_tuple(v: Any, where: str) -> tuple[Any, ...]:
+            if type(v) is not list:
+                raise _bad(v, tp, where)
+            return tuple([item(x, f"{where}[{i}]") for i, x in enumerate(v)])
+        return check_tuple
+    if origin is list:
+        item = _compile(args[0])
+        def check_list(v: Any, where: str) -> list[Any]:
+            if type(v) is not list:
+                raise _bad(v, tp, where)
+            return [item(x, f"{where}[{i}]") for i, x in enumerate(v)]
+        return check_list
+    if origin is dict:
+        key, val = _compile(args[0]), _compile(args[1])
+        if args == (str, Any):  # the common case: only the keys need a look
+            def check_dict_any(v: Any, where: str) -> dict[str, Any]:
+                if type(v) is not dict or not all(type(k) is str for k in v):
+                    raise _bad(v, tp, where)
+                return v
+            return check_dict_any
+        def check_dict(v: Any, where: str) -> dict[Any, Any]:
+            if type(v) is not dict:
+                raise _bad(v, tp, where)
+            return {key(k, where): val(x, f"{where}[{k!r}]") for k, x in v.items()}
+        return check_dict
+    raise TypeError(f"unsupported annotation {tp}")  # pragma: no cover - schema authoring error
+
+
+class _Field(NamedTuple):
+    name: str
+    where: str  # "kind.name", for errors
+    required: bool
+    checker: Check
+
+
+@functools.cache
+def _schema(cls: type[Message]) -> tuple[_Field, ...]:
+    """The JSON fields of `cls`, each with its checker (`get_type_hints` evaluates every
+    annotation string: resolved once per class, not once per message)."""
+    hints = typing.get_type_hints(cls)
+    return tuple(
+        _Field(f.name, f"{cls.KIND.value}.{f.name}",
+               f.default is MISSING and f.default_factory is MISSING, _compile(hints[f.name]))
+        for f in fields(cls) if f.name != cls.BLOB_FIELD
+    )  # fmt: skip
+
+
+# --- the fine-tuning control bus ------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class BusMessage(Message):
+    """Fields every bus message carries. `sender` is the stable node id of the publisher."""
 
     session_id: str
     sender: str
     window_id: int = 0  # monotonic within a session; 0 for messages not tied to a window
     microbatch_id: int = -1  # -1 where no microbatch is concerned
 
-    @property
-    def kind(self) -> Kind:
-        return self.KIND
-
     def dedup_key(self) -> tuple[Any, ...]:
         """Deliveries with equal keys are the same message delivered twice."""
         return (self.session_id, self.window_id, self.KIND, self.sender, self.microbatch_id)
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"v": PROTOCOL_VERSION, "kind": self.KIND.value}
-        for f in fields(self):
-            if f.name != self.BLOB_FIELD:
-                out[f.name] = getattr(self, f.name)
-        return out
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], blob: bytes = b"") -> Self:
-        """Build from a decoded header, checking every known field and ignoring unknown ones."""
-        hints = typing.get_type_hints(cls)
-        kwargs: dict[str, Any] = {}
-        for f in fields(cls):
-            if f.name == cls.BLOB_FIELD:
-                kwargs[f.name] = blob
-                continue
-            if f.name not in data:
-                if f.default is not MISSING or f.default_factory is not MISSING:
-                    continue  # optional field: keep the default
-                raise ProtocolError(f"{cls.KIND.value} message lacks field {f.name!r}")
-            kwargs[f.name] = _checked(data[f.name], hints[f.name], f"{cls.KIND.value}.{f.name}")
-        return cls(**kwargs)
-
-
-def _checked(value: Any, tp: Any, where: str) -> Any:
-    """Return `value` if it matches the annotation `tp` (JSON types only), else raise."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is Any:
-        return value
-    if origin in (typing.Union, types.UnionType):
-        for arg in args:
-            try:
-                return _checked(value, arg, where)
-            except ProtocolError:
-                pass
-        raise ProtocolError(f"{where}: {value!r} is not {tp}")
-    if tp is type(None):
-        if value is None:
-            return None
-    elif tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif tp in (str, bool):
-        if isinstance(value, tp):
-            return value
-    elif origin is dict:
-        if isinstance(value, dict):
-            return {
-                _checked(k, args[0], where): _checked(v, args[1], f"{where}[{k!r}]")
-                for k, v in value.items()
-            }
-    elif origin is list:
-        if isinstance(value, list):
-            return [_checked(v, args[0], f"{where}[{i}]") for i, v in enumerate(value)]
-    else:  # pragma: no cover - a field annotated with a type this codec does not know
-        raise TypeError(f"{where}: unsupported annotation {tp}")
-    raise ProtocolError(f"{where}: expected {getattr(tp, '__name__', tp)}, got {value!r}")
+    def check(self) -> None:
+        self._counts("window_id")
+        self._need("microbatch_id", self.microbatch_id >= -1, "must be >= -1")
 
 
 @dataclass(frozen=True, kw_only=True)
-class Register(Message):
+class Register(BusMessage):
     """Node -> coordinator: who I am and where my data plane listens."""
 
     KIND = Kind.REGISTER
@@ -148,9 +254,16 @@ class Register(Message):
     def dedup_key(self) -> tuple[Any, ...]:
         return (self.session_id, self.KIND, self.sender, self.incarnation)
 
+    def check(self) -> None:
+        super().check()
+        w = self.compute_weight
+        self._need("compute_weight", math.isfinite(w) and w > 0, "must be finite and > 0")
+        self._need("port", 0 <= self.port <= 65535, "is not a TCP port (0-65535)")
+        self._counts("incarnation")
+
 
 @dataclass(frozen=True, kw_only=True)
-class Start(Message):
+class Start(BusMessage):
     """Coordinator -> every node: the round begins with this plan, roster and data-plane key."""
 
     KIND = Kind.START
@@ -162,18 +275,30 @@ class Start(Message):
     def dedup_key(self) -> tuple[Any, ...]:
         return (self.session_id, self.round_id, self.KIND, self.sender)
 
+    def check(self) -> None:
+        super().check()
+        self._counts("round_id")
+        self._need("data_key_hex", _HEX_KEY.fullmatch(self.data_key_hex) is not None,
+                   "is neither 64 hex digits nor empty")  # fmt: skip
+
 
 @dataclass(frozen=True, kw_only=True)
-class Plan(Message):
+class Plan(BusMessage):
     """Owner -> workers: how many microbatches each worker gets from me in this window."""
 
     KIND = Kind.PLAN
     counts_by_worker: dict[str, int]
     num_targets: int = 0  # this owner's loss targets in the window (token-weighted objective)
 
+    def check(self) -> None:
+        super().check()
+        self._counts("num_targets")
+        self._need("counts_by_worker", all(n >= 0 for n in self.counts_by_worker.values()),
+                   "holds a negative count")  # fmt: skip
+
 
 @dataclass(frozen=True, kw_only=True)
-class Open(Message):
+class Open(BusMessage):
     """Worker -> owners: the window is open; group total and the per-owner credit."""
 
     KIND = Kind.OPEN
@@ -181,26 +306,41 @@ class Open(Message):
     credit: int
     group_targets: int = 0  # sum of the PLANs' num_targets (token-weighted objective)
 
+    def check(self) -> None:
+        super().check()
+        self._counts("group_total", "credit", "group_targets")
+
 
 @dataclass(frozen=True, kw_only=True)
-class Drained(Message):
+class Drained(BusMessage):
     """Owner -> workers: all my microbatches of this window finished backward."""
 
     KIND = Kind.DRAINED
     num_microbatches: int = 0
 
+    def check(self) -> None:
+        super().check()
+        self._counts("num_microbatches")
+
 
 @dataclass(frozen=True, kw_only=True)
-class Commit(Message):
+class Commit(BusMessage):
     """Worker -> owners: I stepped my body replica for this window."""
 
     KIND = Kind.COMMIT
     num_microbatches: int = 0
     tokens_per_s: float | None = None  # measured body throughput, for adaptive weights
 
+    def check(self) -> None:
+        super().check()
+        self._counts("num_microbatches")
+        rate = self.tokens_per_s
+        self._need("tokens_per_s", rate is None or (math.isfinite(rate) and rate >= 0),
+                   "must be finite and >= 0")  # fmt: skip
+
 
 @dataclass(frozen=True, kw_only=True)
-class Abort(Message):
+class Abort(BusMessage):
     """Anyone -> everyone: the round is over; `cause_node` failed for `reason`."""
 
     KIND = Kind.ABORT
@@ -209,7 +349,7 @@ class Abort(Message):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Update(Message):
+class Update(BusMessage):
     """Node -> coordinator at round end: one partition's weights as safetensors bytes."""
 
     KIND = Kind.UPDATE
@@ -223,9 +363,13 @@ class Update(Message):
     def dedup_key(self) -> tuple[Any, ...]:
         return (self.session_id, self.round_id, self.KIND, self.sender, self.partition)
 
+    def check(self) -> None:
+        super().check()
+        self._counts("round_id", "num_samples")
+
 
 @dataclass(frozen=True, kw_only=True)
-class Failed(Message):
+class Failed(BusMessage):
     """Node -> coordinator: I am exiting with this code."""
 
     KIND = Kind.FAILED
@@ -234,71 +378,168 @@ class Failed(Message):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Stop(Message):
+class Stop(BusMessage):
     """Coordinator -> every node: leave after this round."""
 
     KIND = Kind.STOP
     reason: str = ""
 
 
+# --- the ring's window barrier --------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class BarrierMessage(Message):
+    """A message of the control star (one connection per stage, so no routing fields)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Propose(BarrierMessage):
+    KIND = Kind.PROPOSE
+    epoch: int
+    token: int  # the last token decoded under the current configuration
+    cuts: tuple[int, ...]  # the configuration to pre-stage (unchanged = a no-move barrier)
+    decision: str = ""  # the planner's reason, for the window record
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ack(BarrierMessage):
+    KIND = Kind.ACK
+    epoch: int
+    stage: int
+    obs: dict[str, Any] | None = None  # the drift observation (the four-key contract) or None
+    stats: dict[str, Any] = field(default_factory=dict)  # window compute statistics
+    prestage_ms: float = 0.0
+
+    def check(self) -> None:
+        self._counts("epoch", "stage")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Nack(BarrierMessage):
+    KIND = Kind.NACK
+    epoch: int
+    stage: int
+    reason: str
+
+    def check(self) -> None:
+        self._counts("epoch", "stage")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BarrierCommit(BarrierMessage):
+    """Apply epoch `epoch` (every stage ACKed it)."""
+
+    KIND = Kind.BARRIER_COMMIT
+    epoch: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class BarrierAbort(BarrierMessage):
+    """Drop what epoch `epoch` pre-staged; `fatal`: a participant was lost, every stage stops."""
+
+    KIND = Kind.BARRIER_ABORT
+    epoch: int
+    reason: str
+    fatal: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class Close(BarrierMessage):
+    KIND = Kind.CLOSE
+    reason: str = "end"
+
+
 MESSAGE_TYPES: dict[Kind, type[Message]] = {
     cls.KIND: cls
-    for cls in (Register, Start, Plan, Open, Drained, Commit, Abort, Update, Failed, Stop)
-}
+    for cls in (
+        Register, Start, Plan, Open, Drained, Commit, Abort, Update, Failed, Stop,
+        Propose, Ack, Nack, BarrierCommit, BarrierAbort, Close,
+    )
+}  # fmt: skip
+_BY_NAME: dict[str, type[Message]] = {k.value: c for k, c in MESSAGE_TYPES.items()}
+
+
+# --- the codec ------------------------------------------------------------------------------
+
+
+def _jsonable(value: Any) -> Any:
+    """NaN/Inf become null (JSON has no NaN; a float field reads null back as NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def encode_parts(msg: Message) -> list[Blob]:
+    """`[prefix+header, blob?]`, for a writer that sends the parts without joining them.
+
+    Raises:
+        ProtocolError: the header is over MAX_HEADER_BYTES (named, with its size and the cap),
+            or a field holds something JSON cannot carry.
+    """
+    blobs = {msg.BLOB_FIELD: getattr(msg, msg.BLOB_FIELD)} if msg.BLOB_FIELD else {}
+    meta = msg.fields_dict()
+    try:
+        return encode_blob_frame(msg.KIND.value, meta, blobs)
+    except FrameError as exc:
+        if exc.field == "header_bytes":
+            raise ProtocolError(f"{msg.KIND.value} message: {exc.reason}") from None
+        try:  # the rare message with a NaN: walk it once, only then
+            return encode_blob_frame(msg.KIND.value, _jsonable(meta), blobs)
+        except FrameError as again:
+            raise ProtocolError(f"{msg.KIND.value} message: {again.reason}") from None
+
+
+def frame_meta(msg: Message) -> dict[str, Any]:
+    """The header meta that carries `msg` for a transport that builds the frame itself (the
+    ring's control lane): its JSON fields, NaN/Inf as null; the frame kind is `msg.KIND`."""
+    return _jsonable(msg.fields_dict())
 
 
 def encode(msg: Message) -> bytes:
-    header = msg.to_dict()
-    blob = getattr(msg, msg.BLOB_FIELD) if msg.BLOB_FIELD else b""
-    header["blob_bytes"] = len(blob)
-    raw = json.dumps(header, separators=(",", ":"), allow_nan=False).encode("utf-8")
-    if len(raw) > MAX_HEADER_BYTES:
-        raise ProtocolError(f"{msg.KIND.value} header is {len(raw)} bytes, over {MAX_HEADER_BYTES}")
-    return b"".join((_LEN.pack(len(raw)), raw, blob))
+    """One frame, as bytes (a queue's message body)."""
+    return b"".join(encode_parts(msg))
 
 
-def decode(data: bytes) -> Message:
+def from_frame(header: FrameHeader, blobs: dict[str, Any]) -> Message:
+    """The message a validated frame header (and its blobs) carries.
+
+    Raises:
+        ProtocolError: unknown kind, unexpected blobs, or a bad field (named).
+    """
+    cls = _BY_NAME.get(header.kind)
+    if cls is None:
+        raise ProtocolError(f"unknown control message kind {header.kind!r}")
+    blob: Blob = b""
+    if blobs:
+        if cls.BLOB_FIELD is None or set(blobs) != {cls.BLOB_FIELD}:
+            raise ProtocolError(
+                f"{header.kind} message carries unexpected payload {sorted(blobs)} "
+                f"({sum(len(b) for b in blobs.values())} bytes)"
+            )
+        blob = blobs[cls.BLOB_FIELD]
+        if cls is Update and len(blob):
+            _check_safetensors(blob, str(header.meta.get("sender")))
+    return cls.from_dict(header.meta, blob)
+
+
+def decode(data: Blob) -> Message:
     """Parse and validate one encoded message; raises `ProtocolError` on anything malformed."""
-    if len(data) < _LEN.size:
-        raise ProtocolError(
-            f"control message of {len(data)} bytes is shorter than its length prefix"
-        )
-    (header_bytes,) = _LEN.unpack_from(data)
-    if header_bytes > MAX_HEADER_BYTES or _LEN.size + header_bytes > len(data):
-        raise ProtocolError(
-            f"control header length {header_bytes} does not fit a {len(data)}-byte message"
-        )
-    try:
-        header = json.loads(data[_LEN.size : _LEN.size + header_bytes])
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProtocolError(f"control header is not JSON: {exc}") from None
-    if not isinstance(header, dict):
-        raise ProtocolError(f"control header must be an object, got {type(header).__name__}")
-    version = header.get("v")
-    if version != PROTOCOL_VERSION:
-        raise ProtocolError(
-            f"control protocol version {version!r} from sender {header.get('sender')!r}; "
-            f"this build speaks {PROTOCOL_VERSION}"
-        )
-    try:
-        kind = Kind(header.get("kind"))
-    except ValueError:
-        raise ProtocolError(f"unknown control message kind {header.get('kind')!r}") from None
-    blob = data[_LEN.size + header_bytes :]
-    if header.get("blob_bytes", 0) != len(blob):
-        raise ProtocolError(
-            f"{kind.value} message announces blob_bytes={header.get('blob_bytes')!r} "
-            f"but carries {len(blob)} bytes"
-        )
-    cls = MESSAGE_TYPES[kind]
-    if blob and cls.BLOB_FIELD is None:
-        raise ProtocolError(f"{kind.value} message carries {len(blob)} unexpected blob bytes")
-    if cls.BLOB_FIELD == "weights" and blob:
-        _check_safetensors(blob, str(header.get("sender")))
-    return cls.from_dict(header, blob)
+    header, blobs = decode_blob_frame(data, max_frame_bytes=MAX_MESSAGE_BYTES)
+    return from_frame(header, blobs)
 
 
-def _check_safetensors(blob: bytes, sender: str) -> None:
+def decode_body(header_bytes: Blob) -> Message:
+    """One message from the header bytes a stream reader took after the prefix (whose length
+    `wire.blobs.header_length` checked): a frame without payload."""
+    return from_frame(parse_header(header_bytes, max_frame_bytes=0), {})
+
+
+def _check_safetensors(blob: Blob, sender: str) -> None:
     """Cheap structural check of a safetensors payload: u64 LE header length + JSON object."""
     (n,) = struct.unpack_from("<Q", blob) if len(blob) >= 8 else (None,)
     if n is None or 8 + n > len(blob):
@@ -306,7 +547,7 @@ def _check_safetensors(blob: bytes, sender: str) -> None:
             f"update from {sender!r}: weights are not safetensors (bad header length)"
         )
     try:
-        ok = isinstance(json.loads(blob[8 : 8 + n]), dict)
+        ok = isinstance(json.loads(bytes(blob[8 : 8 + n])), dict)
     except (UnicodeDecodeError, json.JSONDecodeError):
         ok = False
     if not ok:

@@ -32,7 +32,7 @@ import pika
 import pika.exceptions
 
 from splitlab.control.bus import ControlBus, Delivery, check_name, decode_delivery, queue_name
-from splitlab.control.messages import Message, encode
+from splitlab.control.messages import BusMessage, encode
 from splitlab.errors import ConfigError, PeerLostError
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ class RabbitMQBus(ControlBus):
         except pika.exceptions.AMQPError as exc:
             self._lose(f"cannot open a session on the RabbitMQ broker {self.broker}", exc)
 
-    def publish(self, to_node: str, msg: Message, timeout_s: float | None = None) -> None:
+    def publish(self, to_node: str, msg: BusMessage, timeout_s: float | None = None) -> None:
         """Confirmed publish. pika cannot bound a confirm wait by `timeout_s`; heartbeats
         (about 2 x heartbeat_s) and `blocked_connection_timeout` bound it instead."""
         self._check()

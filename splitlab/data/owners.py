@@ -3,8 +3,9 @@
 `build_owner_datasets` is what schedulers call: it loads the configured source, holds out
 `val_samples` examples (fixed by `data.seed` alone, so validation never moves between rounds),
 splits the rest across owners (IID or Dirichlet over the labels, re-drawn each round when
-`refresh_each_round`), and tokenises each shard. A `Shard` then yields padded microbatches,
-length-bucketed when `bucket_by_length`.
+`refresh_each_round`; `owner_counts` examples each: one count, one per owner, or a seeded
+Dirichlet quantity skew, fixed for the run), and tokenises each shard. A `Shard` then yields
+padded microbatches, length-bucketed when `bucket_by_length`.
 
     .venv/bin/pytest tests/unit/test_data_owners.py
     .venv/bin/python -m splitlab.data.owners   # rotten_tomatoes with the GPT-2 tokenizer
@@ -22,7 +23,7 @@ from splitlab.config.enums import DataDistribution, DataSource, TaskKind
 from splitlab.config.schema import DataConfig
 from splitlab.data.buckets import bucket_batches
 from splitlab.data.sources import Examples, load_examples
-from splitlab.data.split import dirichlet_split, holdout_sets, iid_split, round_seed
+from splitlab.data.split import dirichlet_split, holdout_sets, iid_split, owner_sizes, round_seed
 from splitlab.data.tokenize import Encoded, collate, encode, ensure_pad_token
 from splitlab.errors import ConfigError
 
@@ -79,7 +80,7 @@ def build_owner_datasets(
     Args:
         cfg: the data config.
         tokenizer: a transformers tokenizer; one without a pad token gets pad = EOS.
-        num_owners: data owners to fill with `cfg.samples_per_owner` examples each.
+        num_owners: data owners to fill with `owner_counts(cfg, num_owners)` examples.
         round_index: the training round; changes the split only when `cfg.refresh_each_round`.
     """
     task = TaskKind(cfg.task)
@@ -111,9 +112,27 @@ def build_test_shard(cfg: DataConfig, tokenizer: Any, *, num_owners: int) -> Sha
     return Shard("test", test_ids, encoded, pad_id, TaskKind(cfg.task), list(examples.label_names))
 
 
+def owner_counts(cfg: DataConfig, num_owners: int) -> list[int]:
+    """Training examples each owner holds: `data.samples_per_owner` (one count or one per
+    owner), shared out by a Dirichlet(`data.quantity_skew_alpha`) draw from `data.seed` when set.
+
+    Raises:
+        ConfigError: naming data.samples_per_owner / data.quantity_skew_alpha.
+    """
+    try:
+        return owner_sizes(
+            cfg.samples_per_owner, num_owners, skew_alpha=cfg.quantity_skew_alpha, seed=cfg.seed
+        )
+    except ValueError as exc:
+        raise ConfigError(
+            f"data.samples_per_owner={cfg.samples_per_owner!r}, data.quantity_skew_alpha="
+            f"{cfg.quantity_skew_alpha} for {num_owners} owners: {exc}"
+        ) from None
+
+
 def _load(cfg: DataConfig, num_owners: int) -> Examples:
     """The examples every split of `cfg` draws from (validation, test, then the owners)."""
-    wanted = cfg.val_samples + cfg.test_samples + num_owners * cfg.samples_per_owner
+    wanted = cfg.val_samples + cfg.test_samples + sum(owner_counts(cfg, num_owners))
     if DataSource(cfg.source) is DataSource.generator:
         wanted *= GENERATOR_SPARE
     return load_examples(cfg, num_wanted=wanted)
@@ -123,23 +142,23 @@ def split_examples(
     examples: Examples, cfg: DataConfig, *, num_owners: int, round_index: int = 0
 ) -> tuple[list[list[int]], list[int], list[int]]:
     """Example indices per owner, validated on each round, and tested on at the end."""
-    if min(cfg.val_samples, cfg.test_samples) < 0 or cfg.samples_per_owner < 1 or num_owners < 1:
+    if min(cfg.val_samples, cfg.test_samples) < 0:
         raise ConfigError(
-            f"need data.val_samples >= 0, data.test_samples >= 0, data.samples_per_owner >= 1 "
-            f"and >= 1 owner; got {cfg.val_samples}, {cfg.test_samples}, "
-            f"{cfg.samples_per_owner}, {num_owners}"
+            f"need data.val_samples >= 0 and data.test_samples >= 0; got {cfg.val_samples}, "
+            f"{cfg.test_samples}"
         )
-    need = cfg.val_samples + cfg.test_samples + num_owners * cfg.samples_per_owner
+    counts = owner_counts(cfg, num_owners)
+    need = cfg.val_samples + cfg.test_samples + sum(counts)
     if need > len(examples):
         raise ConfigError(
             f"data {cfg.name!r} has {len(examples)} examples; data.val_samples={cfg.val_samples} "
-            f"+ data.test_samples={cfg.test_samples} + {num_owners} owners x "
-            f"data.samples_per_owner={cfg.samples_per_owner} = {need}"
+            f"+ data.test_samples={cfg.test_samples} + the owners' {counts} "
+            f"(data.samples_per_owner={cfg.samples_per_owner}) = {need}"
         )
     (val, test), rest = holdout_sets(len(examples), [cfg.val_samples, cfg.test_samples], cfg.seed)
     seed = round_seed(cfg.seed, round_index if cfg.refresh_each_round else 0)
     if DataDistribution(cfg.distribution) is DataDistribution.iid:
-        positions = iid_split(len(rest), num_owners, cfg.samples_per_owner, seed)
+        positions = iid_split(len(rest), num_owners, counts, seed)
     else:
         if not examples.strata:
             raise ConfigError(
@@ -148,7 +167,7 @@ def split_examples(
             )
         strata = [examples.strata[i] for i in rest]
         positions = dirichlet_split(
-            strata, num_owners, cfg.alpha, cfg.samples_per_owner, seed,
+            strata, num_owners, cfg.alpha, counts, seed,
             keep_global_mix=cfg.keep_global_mix,
         )  # fmt: skip
     return [[rest[p] for p in owner] for owner in positions], val, test
@@ -158,8 +177,8 @@ def main() -> None:
     """Print shard sizes, label counts and padding savings for the default data option."""
     from transformers import AutoTokenizer
 
+    from splitlab.assets import fetch
     from splitlab.data.buckets import padded_tokens
-    from splitlab.models.assets import fetch
 
     cfg = DataConfig(
         name="rotten_tomatoes", source=DataSource.packaged, task=TaskKind.classification

@@ -9,7 +9,8 @@ example that non-IID splits skew over (the class, or the GSM template).
 - generator `gsm_symbolic`: GSM8K-style problems with worked answers from reasoning-gym (the
   optional `gsm` extra); the stratum is the problem template.
 - file: CSV, TSV, JSONL/JSON lines or Parquet with the text and label columns named in the config.
-- hub: `datasets.load_dataset(hub_id)` or a `Dataset.save_to_disk` folder (the `datasets` extra).
+- hub: `datasets.load_dataset(hub_id, hub_config)` or a `Dataset.save_to_disk` folder
+  (the `datasets` extra).
 
     .venv/bin/pytest tests/unit/test_data_sources.py
 """
@@ -17,18 +18,21 @@ example that non-IID splits skew over (the class, or the GSM template).
 from __future__ import annotations
 
 import csv
+import logging
 import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from splitlab.config.enums import DataSource, TaskKind
 from splitlab.config.schema import DataConfig
-from splitlab.errors import ConfigError
+from splitlab.errors import ConfigError, registered
 
+if TYPE_CHECKING:
+    import pandas as pd  # imported where a table is read: the launcher's checks start faster
+
+log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Examples:
@@ -54,9 +58,9 @@ def load_examples(cfg: DataConfig, *, num_wanted: int = 0) -> Examples:
     """
     source = DataSource(cfg.source)
     if source is DataSource.packaged:
-        return _lookup(PACKAGED, cfg.name, "data.name (packaged)")(cfg)
+        return registered(PACKAGED, cfg.name, "data.name (packaged)")(cfg)
     if source is DataSource.generator:
-        return _lookup(GENERATORS, cfg.name, "data.name (generator)")(cfg, num_wanted)
+        return registered(GENERATORS, cfg.name, "data.name (generator)")(cfg, num_wanted)
     if source is DataSource.file:
         if not cfg.path:
             raise ConfigError("data.path must name a CSV/TSV/JSONL/Parquet file when source=file")
@@ -70,32 +74,86 @@ def load_examples(cfg: DataConfig, *, num_wanted: int = 0) -> Examples:
 # --- files and frames ------------------------------------------------------------------------
 
 
-def read_table(path: Path) -> pd.DataFrame:
-    """Read a local table by its suffix (.csv, .tsv, .jsonl/.json lines, .parquet)."""
+def read_table(path: Path, *, nrows: int | None = None) -> pd.DataFrame:
+    """Read a local table by its suffix (.csv, .tsv, .jsonl/.json lines, .parquet); `nrows`
+    reads only the first rows (Parquet: none, only its schema).
+
+    Raises:
+        ConfigError: naming the file: missing, empty, an unknown format, not UTF-8 text, or
+            not parseable in its format.
+    """
     if not path.is_file():
         raise ConfigError(f"data.path={str(path)!r} is not a file")
+    if path.stat().st_size == 0:
+        raise ConfigError(f"data.path={str(path)!r} is empty (0 bytes)")
+    import pandas as pd
+
     suffix = "".join(path.suffixes[-2:]) if path.suffix in {".bz2", ".gz"} else path.suffix
     readers: dict[str, Callable[[Path], pd.DataFrame]] = {
-        ".csv": pd.read_csv,
-        ".tsv": lambda p: pd.read_csv(p, sep="\t", quoting=csv.QUOTE_NONE),  # GLUE's TSVs
-        ".jsonl": lambda p: pd.read_json(p, lines=True),
-        ".json": lambda p: pd.read_json(p, lines=True),
-        ".parquet": _read_parquet,
+        ".csv": lambda p: pd.read_csv(p, nrows=nrows),
+        ".tsv": lambda p: pd.read_csv(p, sep="\t", quoting=csv.QUOTE_NONE, nrows=nrows),  # GLUE's
+        ".jsonl": lambda p: pd.read_json(p, lines=True, nrows=nrows),
+        ".json": lambda p: pd.read_json(p, lines=True, nrows=nrows),
+        ".parquet": lambda p: _read_parquet(p, schema_only=nrows is not None),
     }
     for ext, reader in readers.items():
         if suffix == ext or suffix.startswith(ext + "."):
-            return reader(path)
+            try:
+                return reader(path)
+            except UnicodeDecodeError as exc:
+                bad = exc.object[exc.start : exc.start + 1].hex()
+                raise ConfigError(
+                    f"data.path={str(path)!r} is not UTF-8 text (byte 0x{bad}: {exc.reason}); "
+                    "re-encode it as UTF-8"
+                ) from None
+            except ConfigError:
+                raise
+            except (ValueError, OSError) as exc:  # pandas' parser errors are ValueErrors
+                raise ConfigError(f"data.path={str(path)!r}: cannot read it as {ext}: {exc}") from exc
     raise ConfigError(f"data.path={str(path)!r}: unknown format; use one of {sorted(readers)}")
 
 
-def _read_parquet(path: Path) -> pd.DataFrame:
+def _read_parquet(path: Path, *, schema_only: bool = False) -> pd.DataFrame:
+    import pandas as pd
+
     try:
         import pyarrow  # noqa: F401  (pandas' parquet engine)
     except ImportError as exc:
         raise ConfigError(
             f"data.path={str(path)!r}: Parquet needs pyarrow: pip install 'splitlab[parquet]'"
         ) from exc
+    if schema_only:
+        import pyarrow.parquet as pq
+
+        return pd.DataFrame(columns=pq.read_schema(path).names)
     return pd.read_parquet(path)
+
+
+def wanted_columns(cfg: DataConfig) -> list[tuple[str, str]]:
+    """(config key, column name) of every column the data config reads."""
+    keys = ("text_column", "label_column", "text_pair_column")
+    return [(key, getattr(cfg, key)) for key in keys if getattr(cfg, key, None)]
+
+
+def check_columns(columns: list[str], cfg: DataConfig) -> None:
+    """Refuse a table that lacks a configured column, naming the key and the table's columns."""
+    for key, column in wanted_columns(cfg):
+        if column not in columns:
+            raise ConfigError(
+                f"data.{key}={column!r} is not a column of the data; columns: {columns}"
+            )
+
+
+def usable_rows(frame: pd.DataFrame, cfg: DataConfig) -> tuple[pd.DataFrame, int]:
+    """The rows whose configured columns are all filled (a blank or whitespace-only label
+    counts as missing), and how many were dropped."""
+    check_columns(list(frame.columns), cfg)
+    wanted = [column for _, column in wanted_columns(cfg)]
+    blank = frame[wanted].isna().any(axis=1)
+    if cfg.label_column:
+        labels = frame[cfg.label_column]
+        blank |= labels.map(lambda v: isinstance(v, str) and not v.strip())
+    return frame[~blank].reset_index(drop=True), int(blank.sum())
 
 
 def frame_to_examples(
@@ -111,16 +169,9 @@ def frame_to_examples(
             `ClassLabel`), used when `cfg.labels` is empty.
     """
     pair_column: str | None = getattr(cfg, "text_pair_column", None)
-    wanted = [cfg.text_column, *([cfg.label_column] if cfg.label_column else [])]
-    wanted += [pair_column] if pair_column else []
-    for key, column in zip(
-        ("text_column", "label_column", "text_pair_column"), wanted, strict=False
-    ):
-        if column not in frame.columns:
-            raise ConfigError(
-                f"data.{key}={column!r} is not a column of the data; columns: {list(frame.columns)}"
-            )
-    frame = frame.dropna(subset=wanted).reset_index(drop=True)
+    frame, dropped = usable_rows(frame, cfg)
+    if dropped:  # the launcher's preflight has said so once for the run
+        log.debug("data: dropped %d rows with a blank text or label", dropped)
     texts = frame[cfg.text_column].astype(str).tolist()
     pairs = frame[pair_column].astype(str).tolist() if pair_column else []
     if TaskKind(cfg.task) is TaskKind.causal_lm:
@@ -171,7 +222,9 @@ def _is_integral(value: Any) -> bool:
 
 
 def _rotten_tomatoes(cfg: DataConfig) -> Examples:
-    from splitlab.models.assets import fetch
+    import pandas as pd
+
+    from splitlab.assets import fetch
 
     frame = pd.read_csv(fetch("rotten_tomatoes"), usecols=["category", "text"])
     names = list(cfg.labels) or ["rotten", "fresh"]  # negative = 0, positive = 1
@@ -209,6 +262,13 @@ GENERATORS: dict[str, Callable[[DataConfig, int], Examples]] = {"gsm_symbolic": 
 # --- hub -------------------------------------------------------------------------------------
 
 
+def hub_load_args(cfg: DataConfig) -> tuple[tuple[str, ...], dict[str, str]]:
+    """`datasets.load_dataset` arguments: the id, its configuration name if any, the split."""
+    assert cfg.hub_id, "checked by _read_hub"
+    args = (cfg.hub_id,) if cfg.hub_config is None else (cfg.hub_id, cfg.hub_config)
+    return args, {"split": cfg.hub_split}
+
+
 def _read_hub(cfg: DataConfig) -> tuple[pd.DataFrame, list[str] | None]:
     if not cfg.hub_id:
         raise ConfigError("data.hub_id must be set when data.source=hub")
@@ -223,7 +283,8 @@ def _read_hub(cfg: DataConfig) -> tuple[pd.DataFrame, list[str] | None]:
     if local.is_dir() and any((local / f).is_file() for f in ("dataset_dict.json", "state.json")):
         loaded = datasets.load_from_disk(str(local))
     else:
-        loaded = datasets.load_dataset(cfg.hub_id, split=cfg.hub_split)
+        args, kwargs = hub_load_args(cfg)
+        loaded = datasets.load_dataset(*args, **kwargs)
     if isinstance(loaded, datasets.DatasetDict):
         if cfg.hub_split not in loaded:
             raise ConfigError(f"data.hub_split={cfg.hub_split!r} not in {list(loaded)}")
@@ -231,9 +292,3 @@ def _read_hub(cfg: DataConfig) -> tuple[pd.DataFrame, list[str] | None]:
     feature = loaded.features.get(cfg.label_column) if cfg.label_column else None
     names = list(feature.names) if isinstance(feature, datasets.ClassLabel) else None
     return loaded.to_pandas(), names
-
-
-def _lookup(table: dict[str, Any], name: str, key: str) -> Any:
-    if name not in table:
-        raise ConfigError(f"{key}={name!r} is not one of {sorted(table)}")
-    return table[name]

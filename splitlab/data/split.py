@@ -1,4 +1,5 @@
-"""Pure splits of example indices across data owners: IID and Dirichlet(alpha) non-IID.
+"""Pure splits of example indices across data owners: IID and Dirichlet(alpha) non-IID, with
+equal or unequal shard sizes (`owner_sizes`: a count per owner, or a Dirichlet quantity skew).
 
 Every function takes its seed and returns positions (0..n-1) into the pool it was given; no
 position is handed to two owners. Owner label proportions are drawn from
@@ -15,10 +16,53 @@ from collections.abc import Sequence
 
 import numpy as np
 
+QUANTITY_STREAM = 0x51CE  # keeps the quantity skew's draws apart from the label split's
+
 
 def round_seed(seed: int, round_index: int) -> int:
     """A split seed for one round, independent across rounds and of the base seed's neighbours."""
     return int(np.random.SeedSequence([seed, round_index]).generate_state(1)[0])
+
+
+def owner_sizes(
+    samples_per_owner: int | Sequence[int],
+    num_owners: int,
+    *,
+    skew_alpha: float | None = None,
+    seed: int = 0,
+) -> list[int]:
+    """Examples each owner holds.
+
+    One count is every owner's; a list is one count per owner (0 allowed: an owner with no
+    data still joins every window). With `skew_alpha` the `num_owners x samples_per_owner`
+    examples are shared out in Dirichlet(skew_alpha, ..., skew_alpha) proportions drawn from
+    `seed` (largest remainder, so the total is kept): small alpha puts most data on few owners.
+
+    Raises:
+        ValueError: a list of the wrong length, a negative count, no example at all, or a
+            skew with a list (the skew draws the counts itself).
+    """
+    if not isinstance(samples_per_owner, int):
+        sizes = [int(n) for n in samples_per_owner]
+        if len(sizes) != num_owners:
+            raise ValueError(f"{len(sizes)} counts {sizes} for {num_owners} owners")
+        if skew_alpha is not None:
+            raise ValueError(f"a quantity skew draws the counts itself; got counts {sizes}")
+    else:
+        sizes = [samples_per_owner] * num_owners
+    if num_owners < 1 or min(sizes) < 0 or sum(sizes) < 1:
+        raise ValueError(f"need >= 1 owner, counts >= 0 and >= 1 example; got {sizes}")
+    if skew_alpha is None:
+        return sizes
+    if skew_alpha <= 0:
+        raise ValueError(f"skew alpha must be > 0, got {skew_alpha}")
+    total = sum(sizes)
+    shares = np.random.default_rng([seed, QUANTITY_STREAM]).dirichlet([skew_alpha] * num_owners)
+    exact = shares * total
+    counts = np.floor(exact).astype(np.int64)
+    leftover = total - int(counts.sum())
+    counts[np.argsort(counts - exact, kind="stable")[:leftover]] += 1  # largest remainders
+    return counts.tolist()
 
 
 def holdout_split(num_examples: int, num_held_out: int, seed: int) -> tuple[list[int], list[int]]:
@@ -42,22 +86,21 @@ def holdout_sets(
 
 
 def iid_split(
-    num_examples: int, num_owners: int, samples_per_owner: int, seed: int
+    num_examples: int, num_owners: int, samples_per_owner: int | Sequence[int], seed: int
 ) -> list[list[int]]:
-    """Disjoint uniform random shards of `samples_per_owner` positions each."""
-    _check_sizes(num_examples, num_owners, samples_per_owner)
+    """Disjoint uniform random shards of `samples_per_owner` positions each (one count for
+    every owner, or one per owner)."""
+    sizes = _check_sizes(num_examples, num_owners, samples_per_owner)
     order = np.random.default_rng(seed).permutation(num_examples)
-    return [
-        order[k * samples_per_owner : (k + 1) * samples_per_owner].tolist()
-        for k in range(num_owners)
-    ]
+    bounds = np.cumsum([0, *sizes])
+    return [order[a:b].tolist() for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 def dirichlet_split(
     labels: Sequence[int],
     num_owners: int,
     alpha: float,
-    samples_per_owner: int,
+    samples_per_owner: int | Sequence[int],
     seed: int,
     *,
     keep_global_mix: bool = False,
@@ -76,13 +119,14 @@ def dirichlet_split(
         labels: the class (or stratum) of every position in the pool.
         num_owners: owners to fill, in order.
         alpha: concentration; > 0.
-        samples_per_owner: examples per owner; owners x samples must fit the pool.
+        samples_per_owner: examples per owner, or a list of one count per owner; their sum
+            must fit the pool.
         seed: the only source of randomness.
     """
     if alpha <= 0:
         raise ValueError(f"alpha must be > 0, got {alpha}")
     labels_arr = np.asarray(labels, dtype=np.int64)
-    _check_sizes(len(labels_arr), num_owners, samples_per_owner)
+    sizes = _check_sizes(len(labels_arr), num_owners, samples_per_owner)
     rng = np.random.default_rng(seed)
     classes, counts = np.unique(labels_arr, return_counts=True)
     pools = [rng.permutation(np.flatnonzero(labels_arr == c)).tolist() for c in classes]
@@ -92,9 +136,9 @@ def dirichlet_split(
         mixes = np.stack([rng.dirichlet(concentration) for _ in range(num_owners)])
         drawn = iter(rebalance_mixes(mixes, counts / counts.sum()))
     shards: list[list[int]] = []
-    for _ in range(num_owners):
+    for size in sizes:
         mix = next(drawn) if drawn is not None else rng.dirichlet(concentration)
-        want = rng.multinomial(samples_per_owner, mix)
+        want = rng.multinomial(size, mix)
         taken = _take(pools, want, mix, rng)
         shards.append(rng.permutation(taken).tolist())
     return shards
@@ -142,11 +186,14 @@ def _pop(pools: list[list[int]], counts: np.ndarray) -> tuple[list[int], int]:
     return taken, short
 
 
-def _check_sizes(num_examples: int, num_owners: int, samples_per_owner: int) -> None:
-    if num_owners < 1 or samples_per_owner < 1:
-        raise ValueError(f"need >= 1 owner and sample, got {num_owners} x {samples_per_owner}")
-    if num_owners * samples_per_owner > num_examples:
+def _check_sizes(
+    num_examples: int, num_owners: int, samples_per_owner: int | Sequence[int]
+) -> list[int]:
+    """Each owner's count; raises ValueError when they do not fit `num_examples`."""
+    sizes = owner_sizes(samples_per_owner, num_owners)
+    if sum(sizes) > num_examples:
         raise ValueError(
-            f"{num_owners} owners x {samples_per_owner} samples = "
-            f"{num_owners * samples_per_owner} > {num_examples} examples available"
+            f"{num_owners} owners x {samples_per_owner} samples = {sum(sizes)} > "
+            f"{num_examples} examples available"
         )
+    return sizes

@@ -60,6 +60,8 @@ def encode(
     """Tokenise the examples at `positions`, truncated to `max_length` tokens."""
     if max_length < 2:
         raise ConfigError(f"data.max_length must be >= 2, got {max_length}")
+    if not positions:
+        return Encoded(input_ids=[])  # an owner with no data (the tokenizer refuses no text)
     texts = [examples.texts[i] for i in positions]
     if TaskKind(task) is TaskKind.classification:
         pairs = [examples.text_pairs[i] for i in positions] if examples.text_pairs else None

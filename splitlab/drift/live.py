@@ -10,6 +10,12 @@ microseconds; the budget is 2 ms). Live drift is observed, never injected: `phi`
 
 Missing sensors read as NaN rather than an invented value: theta_obs on a host with no
 temperature sensor, and link_obs until the ring calls `report_link` with what it measured.
+
+On a testbed host the kernel is sampled too (`host_kernel.KernelSensors`: the link's token
+bucket and the host's CPU cgroup), and `kernel` holds the latest figures: link rate, bytes,
+drops, overlimits, CPU quota and throttling. Then q_cmp_obs is the share of CFS periods the
+host was throttled in (1 = compute-bound at its budget), and link_obs, until the ring
+reports its own measure, the shaper's rate over the rate it had at start.
 """
 
 from __future__ import annotations
@@ -20,9 +26,12 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
 
 from splitlab.drift import sensors
 from splitlab.drift.contract import DriftSource, Observation
+from splitlab.drift.host_kernel import kernel_sensors, throttled_fraction
 from splitlab.drift.sensors import Reading
 from splitlab.errors import ConfigError
 
@@ -54,6 +63,8 @@ class LiveSource(DriftSource):
         gpu_index: int | None = None,
         use_gpu_tools: bool = True,
         read_host: Callable[[], Reading] | None = None,
+        read_kernel: Callable[[], dict[str, Any]] | None = None,
+        use_kernel: bool = True,
     ) -> None:
         if not (math.isfinite(period_s) and period_s > 0):
             raise ConfigError(f"drift live period_s must be > 0, got {period_s}")
@@ -64,6 +75,10 @@ class LiveSource(DriftSource):
         self._nvidia_smi = shutil.which("nvidia-smi") if use_gpu_tools else None
         tegrastats = shutil.which("tegrastats") if use_gpu_tools else None
         self._link_factor = math.nan
+        self._read_kernel = read_kernel or (kernel_sensors() if use_kernel else None)
+        self.kernel: dict[str, Any] = {}  # the latest kernel figures (testbed hosts only)
+        self._throttled: float | None = None
+        self._link_base_mbit: float | None = None
         self._gpu: Reading | None = None  # latest nvidia-smi / tegrastats reading
         self._stop = threading.Event()
         self._tegra: sensors.TegrastatsReader | None = None
@@ -101,6 +116,13 @@ class LiveSource(DriftSource):
         host = self._read_host()
         if self._nvidia_smi is not None:
             self._gpu = sensors.read_nvidia_smi(self._nvidia_smi, self._gpu_index)
+        if self._read_kernel is not None:
+            kernel = self._read_kernel()
+            if self.kernel:
+                self._throttled = throttled_fraction(self.kernel, kernel)
+            if self._link_base_mbit is None:
+                self._link_base_mbit = kernel.get("link_rate_mbit")
+            self.kernel = kernel
         readings = [host] if self._gpu is None else [host, self._gpu]
         # One reference assignment: readers see the old sample or the new one, never a mix.
         self._reading = sensors.merge(readings)
@@ -131,8 +153,16 @@ class LiveSource(DriftSource):
         """Record the ring's own measure of the outgoing link, (0, 1] with 1 = nominal."""
         self._link_factor = float(link_factor)
 
+    def _kernel_link_factor(self) -> float:
+        rate, base = self.kernel.get("link_rate_mbit"), self._link_base_mbit
+        return rate / base if rate and base else math.nan
+
     def observe(self, token: int) -> dict[str, float]:
-        return observation_from(self._reading, self._link_factor).to_dict()
+        link = self._link_factor if not math.isnan(self._link_factor) else self._kernel_link_factor()
+        obs = observation_from(self._reading, link)
+        if self._throttled is not None:
+            obs = replace(obs, q_cmp_obs=self._throttled)
+        return obs.to_dict()
 
     def phi(self, token: int) -> float:
         return 1.0

@@ -3,8 +3,9 @@
 A profile says what each stage of the ring *really* experiences at each decode token: its
 temperature, the compute slowdown factor phi that the ring will apply, its compute load, memory
 pressure and the quality of its outgoing link. The replay source adds sensor noise on top; this
-module never does. The drifting stage (the one that heats, is slow, oscillates, or whose
-outgoing link degrades) is `slow_stage`; every other stage stays nominal.
+module never does. The drifting stage (the one that heats, is slow, oscillates, whose CPU is
+throttled, or whose outgoing link degrades) is `slow_stage`; every other stage stays nominal.
+On a testbed the launcher applies phi and link_factor to the kernel (splitlab.drift.kernel).
 
     .venv/bin/pytest tests/unit/test_drift_profiles.py -q
 
@@ -28,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from splitlab.config.schema import DriftConfig
 from splitlab.errors import ConfigError
 
 AMBIENT_C = 45.0  # nominal operating temperature of an idle-ish edge device
@@ -66,14 +68,23 @@ RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(DriftRecord))
 
 @dataclass(frozen=True)
 class ProfileParams:
-    """Everything a profile depends on; the same params always give the same records."""
+    """Everything a profile depends on; the same params always give the same records.
+
+    The parameters are the `drift` group's (`DriftConfig`, their one schema, defaults included)
+    plus the ring's stage count.
+    """
 
     num_stages: int
     length_tokens: int
-    seed: int = 77
-    slow_stage: int = 1
-    phi: float = 1.5
-    period_tokens: int = 60
+    seed: int = DriftConfig.seed
+    slow_stage: int = DriftConfig.slow_stage
+    phi: float = DriftConfig.phi
+    period_tokens: int = DriftConfig.period_tokens
+
+    @classmethod
+    def from_config(cls, cfg: DriftConfig, *, num_stages: int) -> ProfileParams:
+        return cls(num_stages=num_stages, length_tokens=cfg.length_tokens, seed=cfg.seed,
+                   slow_stage=cfg.slow_stage, phi=cfg.phi, period_tokens=cfg.period_tokens)  # fmt: skip
 
     def validate(self) -> None:
         if self.num_stages < 1:
@@ -172,15 +183,29 @@ def _link_degrade(p: ProfileParams, t: int, s: int, nom: _Nominal) -> DriftRecor
     return _record(t, s, nom, link_factor=1.0 / (1.0 + (p.phi - 1.0) * frac))
 
 
+def _cpu_throttle(p: ProfileParams, t: int, s: int, nom: _Nominal) -> DriftRecord:
+    # A step: the slow stage's CPU budget is cut by `phi` from token `period_tokens` on (on a
+    # testbed the launcher writes its host's cgroup quota then; see splitlab.drift.kernel).
+    slowed = s == p.slow_stage and t >= p.period_tokens
+    return _record(t, s, nom, phi=p.phi if slowed else 1.0)
+
+
 ProfileFn = Callable[[ProfileParams, int, int, _Nominal], DriftRecord]
 
-PROFILES: dict[str, ProfileFn] = {
-    "steady": _steady,
-    "thermal_ramp": _thermal_ramp,
-    "one_slow_node": _one_slow_node,
-    "oscillating": _oscillating,
-    "link_degrade": _link_degrade,
-}
+PROFILES: dict[str, ProfileFn] = {}
+
+
+def register_profile(name: str, fn: ProfileFn) -> None:
+    """Make `drift.name=<name>` a replayable profile; `fn(params, token, stage, nominal)`."""
+    PROFILES[name] = fn
+
+
+register_profile("steady", _steady)
+register_profile("thermal_ramp", _thermal_ramp)
+register_profile("one_slow_node", _one_slow_node)
+register_profile("oscillating", _oscillating)
+register_profile("link_degrade", _link_degrade)
+register_profile("cpu_throttle", _cpu_throttle)
 
 
 def generate(profile: str, params: ProfileParams) -> list[DriftRecord]:

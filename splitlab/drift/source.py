@@ -30,19 +30,13 @@ TRACE_RELPATH = Path("drift") / "trace.jsonl"  # where a generated trace lands i
 LIVE_PERIOD_S = 0.5  # sensor sampling period of the live backend
 
 
+def drift_names() -> list[str]:
+    """Every valid `drift.name`: none, live, and the registered profiles."""
+    return sorted({"none", "live", *PROFILES})
+
+
 def _value(choice: Enum | str) -> str:
     return choice.value if isinstance(choice, Enum) else str(choice)
-
-
-def params_from_config(cfg: DriftConfig, *, num_stages: int) -> ProfileParams:
-    return ProfileParams(
-        num_stages=num_stages,
-        length_tokens=cfg.length_tokens,
-        seed=cfg.seed,
-        slow_stage=cfg.slow_stage,
-        phi=cfg.phi,
-        period_tokens=cfg.period_tokens,
-    )
 
 
 def generate_trace(
@@ -50,7 +44,7 @@ def generate_trace(
 ) -> tuple[DriftTrace, Path | None]:
     """Generate the profile `cfg.name`; write it to `out` when given (atomically)."""
     name = _value(cfg.name)
-    params = params_from_config(cfg, num_stages=num_stages)
+    params = ProfileParams.from_config(cfg, num_stages=num_stages)
     records = generate(name, params)
     header = TraceHeader.for_profile(name, params)
     if out is not None:

@@ -19,8 +19,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from splitlab.control.messages import (
+    Ack,
+    BarrierAbort,
+    BarrierCommit,
+    BarrierMessage,
+    Nack,
+    Propose,
+)
 from splitlab.errors import ProtocolError
-from splitlab.infer.ctrl import Abort, Ack, Commit, CtrlMessage, Nack, Propose
 
 
 class Phase(StrEnum):
@@ -47,7 +54,7 @@ class HeadBarrier:
         self.phase, self.acks, self.abort_reason = Phase.PROPOSED, {}, ""
         return Propose(epoch=self.epoch, token=token, cuts=tuple(cuts), decision=decision)
 
-    def on_answer(self, msg: Ack | Nack) -> Commit | Abort | None:
+    def on_answer(self, msg: Ack | Nack) -> BarrierCommit | BarrierAbort | None:
         """Count an answer; returns the decision once it is made (COMMIT or ABORT), else None."""
         if msg.epoch != self.epoch or self.phase is not Phase.PROPOSED:
             return None  # stale (an older epoch) or after the decision: ignored
@@ -58,18 +65,18 @@ class HeadBarrier:
         self.acks[msg.stage] = msg
         if set(self.acks) == set(self.participants):
             self.phase = Phase.COMMITTED
-            return Commit(epoch=self.epoch)
+            return BarrierCommit(epoch=self.epoch)
         return None
 
-    def on_failure(self, reason: str) -> Abort | None:
+    def on_failure(self, reason: str) -> BarrierAbort | None:
         """A timeout or a lost participant: abort the open epoch (None if none is open)."""
         if self.phase is not Phase.PROPOSED:
             return None
         return self._abort(reason)
 
-    def _abort(self, reason: str) -> Abort:
+    def _abort(self, reason: str) -> BarrierAbort:
         self.phase, self.abort_reason = Phase.ABORTED, reason
-        return Abort(epoch=self.epoch, reason=reason)
+        return BarrierAbort(epoch=self.epoch, reason=reason)
 
     @property
     def missing(self) -> list[int]:
@@ -94,14 +101,14 @@ class StageBarrier:
     answer: Ack | Nack | None = None
     seen_epoch: int = 0  # newest epoch proposed to this stage (applied, aborted or pending)
 
-    def on_message(self, msg: CtrlMessage) -> StageAction:
+    def on_message(self, msg: BarrierMessage) -> StageAction:
         if isinstance(msg, Propose):
             return self._on_propose(msg)
-        if isinstance(msg, Commit):
+        if isinstance(msg, BarrierCommit):
             return self._on_commit(msg)
-        if isinstance(msg, Abort):
+        if isinstance(msg, BarrierAbort):
             return self._on_abort(msg)
-        raise ProtocolError(f"stage {self.stage}: unexpected {msg.kind!r} in a barrier")
+        raise ProtocolError(f"stage {self.stage}: unexpected '{msg.kind}' in a barrier")
 
     def _on_propose(self, msg: Propose) -> StageAction:
         if self.pending is not None and msg.epoch == self.pending.epoch:
@@ -122,7 +129,7 @@ class StageBarrier:
         self.answer = answer
         return answer
 
-    def _on_commit(self, msg: Commit) -> StageAction:
+    def _on_commit(self, msg: BarrierCommit) -> StageAction:
         if msg.epoch <= self.applied_epoch:
             return StageAction.IGNORE
         if self.pending is None or msg.epoch != self.pending.epoch:
@@ -137,7 +144,7 @@ class StageBarrier:
         self.applied_epoch, self.pending, self.answer = msg.epoch, None, None
         return StageAction.APPLY
 
-    def _on_abort(self, msg: Abort) -> StageAction:
+    def _on_abort(self, msg: BarrierAbort) -> StageAction:
         if self.pending is None or msg.epoch != self.pending.epoch:
             return StageAction.IGNORE
         self.pending, self.answer = None, None

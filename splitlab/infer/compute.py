@@ -29,15 +29,25 @@ import time
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
-from transformers.cache_utils import DynamicLayer
 
 from splitlab.errors import ProtocolError
-from splitlab.models.parts import Part
 from splitlab.models.plan import Span
+
+if TYPE_CHECKING:
+    from transformers.cache_utils import DynamicLayer
+
+    from splitlab.models.parts import Part
+
+
+def _kv_layer() -> DynamicLayer:
+    """An empty KV layer; transformers is imported here, so an echo stage never loads it."""
+    from transformers.cache_utils import DynamicLayer
+
+    return DynamicLayer()
 
 
 class StageCompute(Protocol):
@@ -162,7 +172,7 @@ class PartCompute:
                 k, v = tensors[f"k{i}"], tensors[f"v{i}"]
             except KeyError:
                 raise ProtocolError(f"stage_kv: no k{i}/v{i} among {sorted(tensors)}") from None
-            layer = DynamicLayer()
+            layer = _kv_layer()
             k, v = k.to(self.device, copy=True), v.to(self.device, copy=True)
             layer.lazy_initialization(k, v)
             layer.keys, layer.values = k, v
@@ -196,11 +206,11 @@ class PartCompute:
                 handle.remove()
             self._dropped.append(container._modules.pop(str(i)))
             self._dropped.append(cache.layers[i])
-            cache.layers[i] = DynamicLayer()
+            cache.layers[i] = _kv_layer()
         for i in added:
             container.add_module(str(i), self._staged_blocks.pop(i))
             while len(cache.layers) <= i:
-                cache.layers.append(DynamicLayer())
+                cache.layers.append(_kv_layer())
             cache.layers[i] = self._staged_kv.pop(i)
             self._hook(i)
         container._modules = dict(sorted(container._modules.items(), key=lambda kv: int(kv[0])))

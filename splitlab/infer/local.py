@@ -2,8 +2,8 @@
 
 Same runtime, same frames, no sockets: the fast suite's equivalence tests and the unit test of
 per-stage positions run on it. Stage threads' errors are re-raised in the caller. With
-`window > 0` the stages also run the window barrier over in-process control pipes, with one
-in-process KV channel per neighbour pair, so migration runs exactly as over TCP.
+`window > 0` the stages also run the window barrier on the control lane and migrate KV on the
+KV lane of the same transports (`splitlab.infer.ring_wire.ring_links`, as over TCP).
 
     .venv/bin/pytest tests/equivalence/test_ring_equivalence.py -q
 """
@@ -18,18 +18,14 @@ import torch
 from splitlab.drift.contract import DriftSource
 from splitlab.errors import PeerLostError, WaitTimeoutError
 from splitlab.infer.compute import StageCompute
-from splitlab.infer.ctrl_link import queue_pair
 from splitlab.infer.migration import Migrator
 from splitlab.infer.planners import Noop, Planner
 from splitlab.infer.ring import GenParams, RingResult, RingStage, StageIdentity
+from splitlab.infer.ring_wire import RingLinks, ring_links, stage_peer
 from splitlab.infer.window import HeadControl, StageControl
 from splitlab.models.shard import CheckpointIndex
 from splitlab.telemetry.trace import Tracer
 from splitlab.wire.inproc import InProcHub, InProcTransport
-
-
-def stage_peer(index: int) -> str:
-    return f"stage-{index}"
 
 
 def run_local_ring(
@@ -53,19 +49,17 @@ def run_local_ring(
     n = len(computes)
     hub = InProcHub()
     transports = [InProcTransport(stage_peer(i), hub, session="local") for i in range(n)]
-    controls = _controls(computes, identities, window=window, planner=planner, index=index,
+    links = [ring_links(transports[i], stage=i, num_stages=n, window=window if n > 1 else 0,
+                        timeout_s=timeout_s, ctrl_timeout_s=ctrl_timeout_s) for i in range(n)]  # fmt: skip
+    controls = _controls(computes, identities, links, window=window, planner=planner, index=index,
                          dtype=dtype, drifts=drifts, tracers=tracers, ctrl_timeout_s=ctrl_timeout_s,
                          timeout_s=timeout_s, faults=faults or {})  # fmt: skip
     stages = [
         RingStage(
             identity=identities[i],
             compute=computes[i],
-            up=transports[i].channel(stage_peer((i - 1) % n), timeout_s=timeout_s)
-            if n > 1
-            else None,
-            down=transports[i].channel(stage_peer((i + 1) % n), timeout_s=timeout_s)
-            if n > 1
-            else None,
+            up=links[i].up,
+            down=links[i].down,
             tracer=tracers[i] if tracers else None,
             strict_parity=strict_parity,
             timeout_s=timeout_s,
@@ -110,34 +104,30 @@ def run_local_ring(
     return result
 
 
-def _controls(computes, identities, *, window, planner, index, dtype, drifts, tracers,
-              ctrl_timeout_s, timeout_s, faults) -> list:  # fmt: skip
-    """Per stage: HeadControl / StageControl over in-process pipes, or None without a window."""
+def _controls(computes, identities, links: Sequence[RingLinks], *, window, planner, index, dtype,
+              drifts, tracers, ctrl_timeout_s, timeout_s, faults) -> list:  # fmt: skip
+    """Per stage: HeadControl / StageControl on its links, or None without a window."""
     n = len(computes)
     if window <= 0 or n < 2:
         return [None] * n
     num_layers = identities[0].num_layers
     cuts = [ident.start for ident in identities[1:]]
-    kv_hub = InProcHub()
-    kv = [InProcTransport(f"kv-{i}", kv_hub, session="local") for i in range(n)]
-    pipes = [queue_pair("stage-0", stage_peer(i), timeout_s=ctrl_timeout_s) for i in range(1, n)]
     migrators = [
         Migrator(stage=i, compute=computes[i], cuts=cuts, num_layers=num_layers, index=index,
-                 dtype=dtype, timeout_s=ctrl_timeout_s,
-                 kv_prev=kv[i].channel(f"kv-{i - 1}", timeout_s=ctrl_timeout_s) if i > 0 else None,
-                 kv_next=kv[i].channel(f"kv-{i + 1}", timeout_s=ctrl_timeout_s) if i < n - 1 else None)
+                 dtype=dtype, timeout_s=ctrl_timeout_s, kv_prev=links[i].kv_prev,
+                 kv_next=links[i].kv_next)
         for i in range(n)
     ]  # fmt: skip
     tracer = (lambda i: tracers[i]) if tracers else (lambda i: None)
     drift = (lambda i: drifts[i]) if drifts else (lambda i: None)
-    head = HeadControl(window=window, ctrls={i: pipes[i - 1][0] for i in range(1, n)},
-                       migrator=migrators[0], planner=planner or Noop(), drift=drift(0),
-                       tracer=tracer(0), timeout_s=ctrl_timeout_s)  # fmt: skip
+    head = HeadControl(window=window, ctrls=links[0].ctrls, migrator=migrators[0],
+                       planner=planner or Noop(), drift=drift(0), tracer=tracer(0),
+                       timeout_s=ctrl_timeout_s)  # fmt: skip
     return [head] + [
         StageControl(
             stage=i,
             window=window,
-            ctrl=pipes[i - 1][1],
+            ctrl=links[i].ctrl,
             migrator=migrators[i],
             drift=drift(i),
             tracer=tracer(i),

@@ -30,12 +30,14 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from splitlab.errors import ProtocolError, SplitlabError, WaitTimeoutError
 from splitlab.infer.compute import PartCompute, StageCompute
 from splitlab.infer.reshard import Move, moves_between, span_bounds, stage_moves
-from splitlab.models.shard import CheckpointIndex, load_blocks
+
+if TYPE_CHECKING:
+    from splitlab.models.shard import CheckpointIndex  # transformers: echo stages skip it
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +84,8 @@ class Migrator:
             return 0.0
         part = compute.part
         layer = min(self.cuts[self.stage - 1] if self.stage else 0, self.num_layers - 1)
+        from splitlab.models.shard import load_blocks
+
         t0 = time.perf_counter()
         load_blocks(
             self.index, [layer], dtype=self.dtype,
@@ -174,6 +178,8 @@ class Migrator:
         per_token = report.kv_bytes_per_block_token
         try:
             if incoming:
+                from splitlab.models.shard import load_blocks
+
                 t0 = time.perf_counter()
                 wanted = [i for m in incoming for i in m.layer_ids]
                 part = compute.part

@@ -13,12 +13,12 @@ from __future__ import annotations
 import platform
 import shutil
 import subprocess
+from importlib.metadata import version
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
 
 ENFORCED = ("python", "torch", "transformers", "dtype")
 RECORDED = ("device", "cuda", "l4t", "jetpack", "power_mode")
@@ -64,7 +64,7 @@ def stage_versions(*, dtype: torch.dtype | str, device: str) -> dict[str, Any]:
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "transformers": transformers.__version__,
+        "transformers": version("transformers"),  # not imported: an echo stage never loads it
         "dtype": str(dtype).removeprefix("torch."),
         "device": device,
         "cuda": torch.version.cuda,

@@ -2,7 +2,8 @@
 
 Pure: a planner takes a `WindowView` (the current cuts, the token, and what every stage
 reported on its last ACK: window compute statistics and its drift observation) and returns a
-`Decision`. Registered by name in `PLANNERS`.
+`Decision`. Registered by name in `PLANNERS` (`register_planner`) with the schema of its
+parameters (`splitlab.config.schema`); `make_planner(cfg)` builds one from that typed config.
 
 - `noop`: never moves.
 - `forced_shift`: at the first barrier at or after token `at_token`, shift boundary
@@ -22,8 +23,13 @@ reported on its last ACK: window compute statistics and its drift observation) a
   14/1/15 (32). The planner moves only if the target beats the current sum by more than
   `hysteresis` (relative), and then by one block at one boundary per window, so it cannot
   oscillate on noise (between equally fast stages noise of +-e moves the sum by at most ~e).
+- `model` (`ModelPlanner`): the same stage model from a calibration (`Calibration`: decode fit,
+  L_n, link latency; defaults named where the file is silent) corrected by the observations
+  (compute trend from q_cmp_obs, link_obs per hop, no blocks to a stage at q_mem_obs >=
+  `mem_high`), and a migration cost (L_n summed over receivers) against the gain over
+  `horizon_tokens`; it jumps to the best cuts one reconfiguration reaches, not one block.
 
-    .venv/bin/pytest tests/unit/test_planner_core.py -q
+    .venv/bin/pytest tests/unit/test_planner_core.py tests/unit/test_planner_model.py -q
 """
 
 from __future__ import annotations
@@ -36,7 +42,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from splitlab.errors import ConfigError
+from splitlab.analysis.fits import load_cost
+from splitlab.config.schema import (
+    AdaptivePlannerConfig,
+    ForcedShiftPlannerConfig,
+    ModelPlannerConfig,
+    NoopPlannerConfig,
+    PlannerConfig,
+)
+from splitlab.errors import ConfigError, registered
 from splitlab.infer.reshard import check_cuts, shift_cuts
 
 MAX_CANDIDATES = 200_000  # exhaustive target search up to this many cut sets, else local search
@@ -150,22 +164,38 @@ class CostModel:
         return self.c0_ms + self.c1_ms_per_token * context
 
     @classmethod
-    def from_calibration(cls, path: str | Path) -> CostModel:
-        """Read `fits.decode.params` {c0, c1} of a calibration JSON (analysis.fits).
+    def from_calibration(cls, path: str | Path, *, key: str = "planner.cost_model") -> CostModel:
+        """Read the decode fit {c0, c1} of a calibration JSON (`calibration_record`).
 
         Raises:
-            ConfigError: naming planner.cost_model when the file or the fit is unusable.
+            ConfigError: naming `key` when the file or the fit is unusable.
         """
         try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-            params = (data.get("fits") or {}).get("decode") or data.get("decode") or {}
+            record = calibration_record(path)
+            params = (record.get("fits") or {}).get("decode") or record.get("decode") or {}
             params = params.get("params", params)
             model = cls(float(params["c0"]), float(params.get("c1", 0.0)))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ConfigError(f"planner.cost_model={path}: no usable decode fit ({exc})") from None
+            raise ConfigError(f"{key}={path}: no usable decode fit ({exc})") from None
         if not (math.isfinite(model.c0_ms) and model.c0_ms > 0):
-            raise ConfigError(f"planner.cost_model={path}: decode c0={model.c0_ms} must be > 0")
+            raise ConfigError(f"{key}={path}: decode c0={model.c0_ms} must be > 0")
         return model
+
+
+def calibration_record(path: str | Path) -> dict[str, Any]:
+    """One record of a calibration JSON: calibrate.py's `{"records": {key: record}}` holds one
+    per model/device/dtype (the first is taken), a bare record is itself.
+
+    Raises:
+        OSError, ValueError: the file cannot be read or parsed (callers name their key).
+    """
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    records = data.get("records") if isinstance(data, dict) else None
+    if isinstance(records, dict) and records:
+        return next(iter(records.values()))
+    if not isinstance(data, dict):
+        raise ValueError(f"a calibration is a JSON object, got {type(data).__name__}")
+    return data
 
 
 def stage_model(stats: StageStats, *, cost: CostModel | None, context: int) -> tuple[float, float]:
@@ -244,6 +274,9 @@ class Adaptive:
                 step = list(view.cuts)
                 step[b] += 1 if t > c else -1
                 steps.append(tuple(step))
+        steps = [c for c in steps if c in _neighbours(tuple(view.cuts), view.num_layers)]
+        if not steps:  # every step toward the target would empty a stage
+            return Decision(view.cuts, f"adaptive: hold (no valid step toward {list(target)})", now)
         step = min(steps, key=lambda c: _score(predict(c, models, view.num_layers)))
         after = predict(step, models, view.num_layers)
         if sum(after) > sum(now):
@@ -253,23 +286,257 @@ class Adaptive:
                         f"{sum(then):.2f} ms, gain {gain:.1%})", after)  # fmt: skip
 
 
-PLANNERS: dict[str, Callable[..., Planner]] = {
-    "noop": lambda **_: Noop(),
-    "forced_shift": lambda *, at_token, shift_k, boundary, **_: ForcedShift(at_token, shift_k, boundary),
-    "scripted": lambda *, shifts, **_: Scripted([tuple(x) for x in shifts]),
-    "adaptive": lambda *, hysteresis, cost_model=None, **_: Adaptive(
-        hysteresis=hysteresis, cost=CostModel.from_calibration(cost_model) if cost_model else None),
-}  # fmt: skip
+DEFAULT_LOAD_MS_PER_BLOCK = 20.0  # L_n slope when the calibration has no load fit (said so)
+DEFAULT_LINK_ALPHA_MS = 0.5  # per-hop latency when the calibration has no link figures
+Q_SATURATED = 0.99  # a compute load at or above this says nothing more about the slowdown
 
 
-def make_planner(name: str, **params: Any) -> Planner:
-    """A planner by its registered name (params: the PlannerConfig fields).
+@dataclass(frozen=True)
+class Calibration:
+    """What `planner=model` predicts from: a calibrate.py record, defaults where it is silent.
+
+    `decode` is the per-block decode fit (how a block's time grows with context; None: flat);
+    `load_c0_ms + load_c1_ms * n` is L_n, the cost of loading n blocks (the record's `load`
+    fit, read by `analysis.fits.load_cost`; else its one-block `weight_load_ms`; else a default); `link_alpha_ms` the per-hop
+    latency. `defaults` names each part that is not from the file.
+    """
+
+    decode: CostModel | None = None
+    load_c0_ms: float = 0.0
+    load_c1_ms: float = DEFAULT_LOAD_MS_PER_BLOCK
+    link_alpha_ms: float = DEFAULT_LINK_ALPHA_MS
+    defaults: tuple[str, ...] = ("decode", "load", "link")
+
+    def load_ms(self, num_blocks: int) -> float:
+        return self.load_c0_ms + self.load_c1_ms * num_blocks if num_blocks > 0 else 0.0
+
+    def context_growth(self, context: int, horizon_tokens: int) -> float:
+        """A block's decode time over the next half horizon relative to now (1.0 uncalibrated)."""
+        if self.decode is None:
+            return 1.0
+        return self.decode.block_ms(context + horizon_tokens // 2) / self.decode.block_ms(context)
+
+    @classmethod
+    def read(cls, path: str | Path | None) -> Calibration:
+        """The calibration at `path` (None: every part a default).
+
+        Raises:
+            ConfigError: naming planner.calibration when the file or one of its fits is unusable.
+        """
+        if path is None:
+            return cls()
+        key = "planner.calibration"
+        try:
+            record = calibration_record(path)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{key}={path}: cannot read it ({exc})") from None
+        decode = CostModel.from_calibration(path, key=key)
+        defaults = []
+        try:  # calibrate.py's fitted L_n (its "load" record)
+            fitted = load_cost(record)
+            l0, l1 = fitted.fixed_ms, fitted.per_block_ms
+        except ValueError:
+            one_block = (record.get("weight_load_ms") or {}).get("ms")
+            if one_block is not None:
+                l0, l1 = 0.0, float(one_block)
+            else:
+                l0, l1 = 0.0, DEFAULT_LOAD_MS_PER_BLOCK
+                defaults.append("load")
+        if not all(math.isfinite(v) and v >= 0 for v in (l0, l1)):
+            raise ConfigError(f"{key}={path}: L_n {l0} + {l1} n ms must be finite and >= 0")
+        alpha = (record.get("link") or {}).get("alpha_ms")
+        alpha = alpha if alpha is None else float(alpha)
+        if alpha is None or not (math.isfinite(alpha) and alpha >= 0):
+            alpha = DEFAULT_LINK_ALPHA_MS
+            defaults.append("link")
+        return cls(decode=decode, load_c0_ms=l0, load_c1_ms=l1, link_alpha_ms=alpha,
+                   defaults=tuple(defaults))  # fmt: skip
+
+
+def compute_trend(prev: Mapping[str, float] | None, now: Mapping[str, float] | None) -> float:
+    """How much slower a stage is now than the last observation said: q_cmp_obs now over then.
+
+    The window's measured slowdown is a mean over the window before; a compute load that rose
+    (or fell) since says the next window will be slower (faster) by about that ratio. A
+    saturated or missing load says nothing (1.0).
+    """
+    if not prev or not now:
+        return 1.0
+    q0, q1 = prev.get("q_cmp_obs", math.nan), now.get("q_cmp_obs", math.nan)
+    if not (math.isfinite(q0) and math.isfinite(q1)) or q0 <= 0 or max(q0, q1) >= Q_SATURATED:
+        return 1.0
+    return q1 / q0
+
+
+def link_factor(obs: Mapping[str, float] | None) -> float:
+    """A stage's outgoing link quality (0, 1] from its observation (1.0 when unknown)."""
+    value = (obs or {}).get("link_obs", math.nan)
+    return min(1.0, value) if math.isfinite(value) and value > 0 else 1.0
+
+
+def blocks_received(old: Sequence[int], new: Sequence[int], num_layers: int) -> list[int]:
+    """Blocks each stage gains going from `old` to `new` cuts."""
+    gained = [0] * (len(old) + 1)
+    for s, (a, b) in enumerate(zip(old, new, strict=True), start=1):
+        if b > a:  # boundary s moved up: stage s-1 took blocks [a, b) from stage s
+            gained[s - 1] += b - a
+        else:  # moved down (or not): stage s took blocks [b, a) from stage s-1
+            gained[s] += a - b
+    return gained
+
+
+def reachable(old: Sequence[int], new: Sequence[int], num_layers: int) -> bool:
+    """True when every block moves at most one stage (one reconfiguration)."""
+    bounds = [0, *old, num_layers]
+    return all(bounds[i] <= c <= bounds[i + 2] for i, c in enumerate(new))
+
+
+@dataclass
+class ModelPlanner:
+    """`planner=model`: predicted TPOT from a calibration corrected by the live observations.
+
+    Each stage's time is `F_s + n_s * r_s` (`stage_model`: the window's measured fixed part and
+    per-block time, times its injected slowdown compute_ms / real_ms), scaled by its compute
+    trend (`compute_trend`: q_cmp_obs now over the barrier before) and, for the blocks, by the
+    calibrated decode fit's growth with context over the next half horizon. The measured block
+    time, not the calibrated one, carries a real slowdown (a CPU quota cut, contention), which a
+    calibration taken elsewhere cannot know. Each hop costs
+    `link_alpha_ms / link_obs` of its sender. The ring carries every token over every hop
+    whatever the cuts, so a slow link adds to the predicted TPOT but no cut set removes it: the
+    planner holds rather than pay a migration for nothing. A stage whose q_mem_obs is at or over
+    `mem_high` is given no blocks (its memory is what is short). Among the cut sets one
+    reconfiguration reaches (every block moves at most one stage, so several blocks and both
+    boundaries at once), the target minimises `horizon_tokens x TPOT + migration`, migration
+    being L_n summed over the receivers; it moves only when the gain beats `hysteresis`
+    (relative) and, over the horizon, the migration cost.
+    """
+
+    calibration: Calibration = field(default_factory=Calibration)
+    hysteresis: float = 0.05
+    horizon_tokens: int = 64
+    mem_high: float = 0.9
+    name: str = "model"
+    last_obs: tuple[dict[str, float] | None, ...] = ()
+
+    def decide(self, view: WindowView) -> Decision:
+        stats = list(view.stats)
+        prev, self.last_obs = self.last_obs, tuple(view.obs)
+        if len(stats) != len(view.cuts) + 1 or any(s is None for s in stats):
+            return Decision(view.cuts, "model: waiting for every stage's window statistics")
+        obs = list(view.obs) + [None] * (len(stats) - len(view.obs))
+        prev_obs = list(prev) + [None] * (len(stats) - len(prev))
+        growth = self.calibration.context_growth(view.context, self.horizon_tokens)
+        models = []
+        for s, st in enumerate(stats):
+            fixed, rate = stage_model(st, cost=None, context=view.context)  # type: ignore[arg-type]
+            trend = compute_trend(prev_obs[s], obs[s])
+            models.append((fixed * trend, rate * trend * growth))
+        link_ms = sum(self.calibration.link_alpha_ms / link_factor(o) for o in obs)
+        full = [q for q, o in enumerate(obs) if (o or {}).get("q_mem_obs", 0.0) >= self.mem_high]
+        current, num_layers = tuple(view.cuts), view.num_layers
+
+        def tpot(cuts: tuple[int, ...]) -> float:
+            return sum(predict(cuts, models, num_layers)) + link_ms
+
+        def migration(cuts: tuple[int, ...]) -> float:
+            return sum(map(self.calibration.load_ms, blocks_received(current, cuts, num_layers)))
+
+        def cost(cuts: tuple[int, ...]) -> tuple[float, float, bool]:
+            times = predict(cuts, models, num_layers)
+            return (self.horizon_tokens * sum(times) + migration(cuts), max(times), cuts != current)
+
+        candidates = [
+            c for c in itertools.combinations(range(1, num_layers), len(current))
+            if reachable(current, c, num_layers)
+            and not any(blocks_received(current, c, num_layers)[q] for q in full)
+        ]  # fmt: skip
+        target = min(candidates, key=cost, default=current)
+        ideal = min(candidates, default=current,
+                    key=lambda c: (*_score(predict(c, models, num_layers)), c != current))  # fmt: skip
+        now = predict(current, models, num_layers)
+        said = f"; defaults: {', '.join(self.calibration.defaults)}" if self.calibration.defaults else ""
+        if target == current and ideal != current:  # the horizon does not pay for the move
+            return Decision(current, f"model: hold ({list(ideal)} saves {tpot(current) - tpot(ideal):.2f} "
+                            f"ms x {self.horizon_tokens} tokens <= migration {migration(ideal):.1f} ms"
+                            f"{said})", now)  # fmt: skip
+        gain = (tpot(current) - tpot(target)) / tpot(current) if tpot(current) > 0 else 0.0
+        if target == current or gain <= self.hysteresis:
+            return Decision(current, f"model: hold (best {list(target)} gains {gain:.1%} <= hysteresis "
+                            f"{self.hysteresis:.0%}; links {link_ms:.2f} ms whatever the cuts{said})",
+                            now)  # fmt: skip
+        return Decision(target, f"model: to {list(target)} (predicted TPOT {tpot(current):.2f} -> "
+                        f"{tpot(target):.2f} ms, migration {migration(target):.1f} ms{said})",
+                        predict(target, models, num_layers))  # fmt: skip
+
+
+PlannerFactory = Callable[[Any], Planner]
+
+# name -> (schema of its parameters in `splitlab.config.schema`, builder from that typed config)
+PLANNERS: dict[str, tuple[type[PlannerConfig], PlannerFactory]] = {}
+
+
+def register_planner(name: str, schema: type[PlannerConfig], build: PlannerFactory) -> None:
+    """Make `planner.name=<name>` available; `build` takes a `schema` instance."""
+    PLANNERS[name] = (schema, build)
+
+
+def _adaptive(cfg: AdaptivePlannerConfig) -> Adaptive:
+    if not 0 <= cfg.hysteresis < 1:
+        raise ConfigError(f"planner.hysteresis={cfg.hysteresis}: must be in [0, 1)")
+    cost = CostModel.from_calibration(cfg.cost_model) if cfg.cost_model else None
+    return Adaptive(hysteresis=cfg.hysteresis, cost=cost)
+
+
+register_planner("noop", NoopPlannerConfig, lambda cfg: Noop())
+register_planner("forced_shift", ForcedShiftPlannerConfig,
+                 lambda cfg: ForcedShift(cfg.at_token, cfg.shift_k, cfg.boundary))  # fmt: skip
+register_planner("adaptive", AdaptivePlannerConfig, _adaptive)
+
+
+def _model(cfg: ModelPlannerConfig) -> ModelPlanner:
+    if not 0 <= cfg.hysteresis < 1:
+        raise ConfigError(f"planner.hysteresis={cfg.hysteresis}: must be in [0, 1)")
+    if cfg.horizon_tokens < 1:
+        raise ConfigError(f"planner.horizon_tokens={cfg.horizon_tokens}: must be >= 1")
+    if not 0 < cfg.mem_high <= 1:
+        raise ConfigError(f"planner.mem_high={cfg.mem_high}: must be in (0, 1]")
+    return ModelPlanner(calibration=Calibration.read(cfg.calibration), hysteresis=cfg.hysteresis,
+                        horizon_tokens=cfg.horizon_tokens, mem_high=cfg.mem_high)  # fmt: skip
+
+
+register_planner("model", ModelPlannerConfig, _model)
+
+
+@dataclass
+class ScriptedPlannerConfig(PlannerConfig):
+    """Tests and tools only (no config option): the shifts `Scripted` applies."""
+
+    name: str = "scripted"
+    shifts: list[list[int]] = field(default_factory=list)  # [at_token, boundary, shift_k] each
+
+
+register_planner("scripted", ScriptedPlannerConfig,
+                 lambda cfg: Scripted([tuple(x) for x in cfg.shifts]))  # fmt: skip
+
+
+def planner_schema(name: str) -> type[PlannerConfig]:
+    """The parameter schema of planner `name`.
 
     Raises:
-        ConfigError: naming planner.name when it is not registered.
+        ConfigError: naming planner.name and the registered names.
     """
-    if name not in PLANNERS:
-        raise ConfigError(f"planner.name={name!r}: choose from {sorted(PLANNERS)}")
-    if name == "adaptive" and not 0 <= float(params.get("hysteresis", 0.15)) < 1:
-        raise ConfigError(f"planner.hysteresis={params.get('hysteresis')}: must be in [0, 1)")
-    return PLANNERS[name](**params)
+    return registered(PLANNERS, name, "planner.name")[0]
+
+
+def make_planner(cfg: PlannerConfig) -> Planner:
+    """The planner `cfg.name` names, built from its typed config.
+
+    Raises:
+        ConfigError: naming planner.name (unknown, or `cfg` is not its schema) or a bad value.
+    """
+    schema = planner_schema(cfg.name)
+    if not isinstance(cfg, schema):
+        raise ConfigError(
+            f"planner.name={cfg.name!r} takes a {schema.__name__}, got {type(cfg).__name__}"
+        )
+    return PLANNERS[cfg.name][1](cfg)

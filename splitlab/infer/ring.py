@@ -2,9 +2,9 @@
 
 Stage 0 (head) embeds and runs its blocks, every stage forwards hidden states to the next, and
 the tail computes logits, picks the token and returns its id to the head. The data ring is
-blocking: each stage holds one link from its predecessor (`up`) and one to its successor
-(`down`); links are `splitlab.infer.link.Link` over TCP or `splitlab.wire.base.Channel` in one
-process. Frames (kind, meta):
+blocking: each stage holds one channel from its predecessor (`up`) and one to its successor
+(`down`), `splitlab.wire.base.Channel`s on the activation lane of its transport (TCP across
+processes, in-process in one; see `splitlab.infer.ring_wire`). Frames (kind, meta):
 
     hello  {roster: [...]}                       head -> ... -> tail -> head (each appends itself)
     start  {gen: {...}} | abort {reason}         head -> ... -> head (tail samples with gen)
@@ -42,6 +42,7 @@ from splitlab.errors import AbortedError, ConfigError, ExitCode, PeerLostError, 
 from splitlab.infer.compute import StageCompute
 from splitlab.infer.parity import parity_mismatches
 from splitlab.infer.sampling import check_sampling, new_generator, sample_token
+from splitlab.telemetry.records import TokenRecord
 from splitlab.telemetry.trace import Tracer
 from splitlab.wire.base import Message
 from splitlab.wire.frame import Routing
@@ -52,7 +53,7 @@ HIDDEN, TOKEN = "hidden_BTH", "token_id_1"
 
 
 class Pipe(Protocol):
-    """What a stage needs from a link: `Link` and `wire.base.Channel` both fit."""
+    """What a stage needs from a link (`wire.base.Channel` fits)."""
 
     def send(self, kind: str, tensors: Mapping[str, torch.Tensor], *,
              meta: dict[str, Any] | None = None, routing: Routing | None = None) -> Any: ...  # fmt: skip
@@ -102,6 +103,12 @@ class RingResult:
     @property
     def tpot_ms_median(self) -> float:
         return float(statistics.median(self.tpot_ms)) if self.tpot_ms else float("nan")
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated tokens over the generation's wall time (TTFT plus every decode step)."""
+        total_ms = self.ttft_ms + sum(self.tpot_ms)
+        return len(self.token_ids) * 1000.0 / total_ms if total_ms > 0 else float("nan")
 
 
 @dataclass(frozen=True)
@@ -327,11 +334,11 @@ class RingStage:
                 ttft_ms = trip_ms
             else:
                 tpot.append(trip_ms)
-            self.tracer.emit(
-                "token", token=step, pos=pos, num_tokens=x.shape[1], compute_ms=compute_ms,
+            self.tracer.write(TokenRecord(
+                stage=self.index, token=step, pos=pos, num_tokens=x.shape[1], compute_ms=compute_ms,
                 real_ms=real_ms, recv_wait_ms=wait_ms, send_ms=send_ms, bytes=nbytes,
                 tpot_ms=trip_ms, prefill=step == 0, token_id=token,
-            )  # fmt: skip
+            ))  # fmt: skip
             tokens.append(token)
             done = token in gen.eos_ids
             if self._at_barrier(step):
@@ -389,11 +396,11 @@ class RingStage:
                 token = None
                 send_ms, nbytes = self._send("hidden", {HIDDEN: out}, step=step, pos=pos)
             msg.release()  # after the send: a pass-through output may still view the buffer
-            self.tracer.emit(
-                "token", token=step, pos=pos, num_tokens=num_tokens, compute_ms=compute_ms,
+            self.tracer.write(TokenRecord(
+                stage=self.index, token=step, pos=pos, num_tokens=num_tokens, compute_ms=compute_ms,
                 real_ms=real_ms, recv_wait_ms=wait_ms, send_ms=send_ms, bytes=nbytes,
-                prefill=step == 0, **({"token_id": token} if token is not None else {}),
-            )  # fmt: skip
+                prefill=step == 0, token_id=token,
+            ))  # fmt: skip
             served += 1
             self._after_send()
             if self._at_barrier(step):

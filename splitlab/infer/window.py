@@ -33,9 +33,18 @@ import logging
 import statistics
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
+from splitlab.control.messages import (
+    Ack,
+    BarrierAbort,
+    BarrierCommit,
+    BarrierMessage,
+    Close,
+    Nack,
+    Propose,
+)
 from splitlab.drift.contract import DriftSource, Observation
 from splitlab.errors import (
     AbortedError,
@@ -45,18 +54,18 @@ from splitlab.errors import (
     WaitTimeoutError,
 )
 from splitlab.infer.barrier import HeadBarrier, StageAction, StageBarrier
-from splitlab.infer.ctrl import Abort, Ack, Close, Commit, CtrlMessage, Nack, Propose
 from splitlab.infer.migration import Migrator, PrestageReport, prestage_error
 from splitlab.infer.planners import Planner, StageStats, WindowView
+from splitlab.telemetry.records import MigrationRecord, WindowRecord
 from splitlab.telemetry.trace import Tracer
 
 log = logging.getLogger(__name__)
 
 
 class CtrlPipe(Protocol):
-    def send(self, msg: CtrlMessage) -> None: ...
+    def send(self, msg: BarrierMessage) -> None: ...
 
-    def recv(self, *, timeout_s: float | None = None) -> CtrlMessage: ...
+    def recv(self, *, timeout_s: float | None = None) -> BarrierMessage: ...
 
 
 @dataclass
@@ -124,20 +133,20 @@ def _num_blocks(migrator: Migrator, stage: int) -> int:
 
 
 def _migration_records(report: PrestageReport, *, stage: int, epoch: int, token: int,
-                       commit_ms: float) -> list[dict[str, Any]]:  # fmt: skip
+                       commit_ms: float) -> list[MigrationRecord]:  # fmt: skip
     out = []
     for move in report.moves:
         receiver = move["receiver"] == stage
         weights_ms = report.weights_ms if receiver else 0.0
         kv_ms = report.kv_ms if receiver else report.send_ms
-        out.append({
-            "epoch": epoch, "token": token, "boundary": move["boundary"], "k": move["k"],
-            "layer_ids": move["layer_ids"], "role": "receiver" if receiver else "donor",
-            "weights_ms": weights_ms, "kv_ms": kv_ms, "commit_ms": commit_ms,
-            "pause_ms": weights_ms + kv_ms + commit_ms,
-            "kv_bytes": report.kv_bytes_in if receiver else report.kv_bytes_out,
-            "kv_bytes_per_block_token": report.kv_bytes_per_block_token,
-        })  # fmt: skip
+        out.append(MigrationRecord(
+            epoch=epoch, token=token, boundary=move["boundary"], k=move["k"],
+            layer_ids=move["layer_ids"], side="receiver" if receiver else "donor",
+            weights_ms=weights_ms, kv_ms=kv_ms, commit_ms=commit_ms,
+            pause_ms=weights_ms + kv_ms + commit_ms,
+            kv_bytes=report.kv_bytes_in if receiver else report.kv_bytes_out,
+            kv_bytes_per_block_token=report.kv_bytes_per_block_token,
+        ))  # fmt: skip
     return out
 
 
@@ -146,21 +155,21 @@ class _Deferred:
 
     def __init__(self, tracer: Tracer, migrator: Migrator) -> None:
         self.tracer, self.migrator = tracer, migrator
-        self.records: list[tuple[str, dict[str, Any]]] = []
+        self.records: list[WindowRecord | MigrationRecord] = []
 
-    def emit(self, records: list[tuple[str, dict[str, Any]]]) -> None:
+    def emit(self, records: list[WindowRecord | MigrationRecord]) -> None:
         if self.migrator.release_pending:
             self.records.extend(records)
         else:
-            for kind, rec in records:
-                self.tracer.emit(kind, **rec, release_ms=0.0)
+            for rec in records:
+                self.tracer.write(rec)
 
     def after_send(self) -> None:
         if not self.records and not self.migrator.release_pending:
             return
         release_ms = self.migrator.release()
-        for kind, rec in self.records:
-            self.tracer.emit(kind, **rec, release_ms=release_ms)
+        for rec in self.records:
+            self.tracer.write(replace(rec, release_ms=release_ms))
         self.records.clear()
 
 
@@ -187,7 +196,7 @@ class StageControl:
         if isinstance(msg, Close):
             return False
         if not isinstance(msg, Propose):
-            raise ProtocolError(f"stage {self.stage}: expected PROPOSE or CLOSE, got {msg.kind!r}")
+            raise ProtocolError(f"stage {self.stage}: expected PROPOSE or CLOSE, got '{msg.kind}'")
         t0, gc0 = time.perf_counter(), GcClock.total_ms
         wait_ms = (t0 - t_wait) * 1e3
         if msg.token != step:
@@ -233,12 +242,12 @@ class StageControl:
                   "gc_ms": GcClock.total_ms - gc0,
                   "n_acks": None, "aborted": aborted, "decision": propose.decision, "obs": obs,
                   "cuts": list(self.migrator.cuts), "nack": isinstance(answer, Nack)}  # fmt: skip
-        records = [("window", record)]
+        records: list[WindowRecord | MigrationRecord] = [WindowRecord(**record)]
         if not aborted:
-            records += [("migration", r) for r in _migration_records(
-                report, stage=self.stage, epoch=msg.epoch, token=step, commit_ms=commit_ms)]  # fmt: skip
+            records += _migration_records(
+                report, stage=self.stage, epoch=msg.epoch, token=step, commit_ms=commit_ms)  # fmt: skip
         self.deferred.emit(records)
-        if aborted and isinstance(reply, Abort) and reply.fatal:
+        if aborted and isinstance(reply, BarrierAbort) and reply.fatal:
             raise AbortedError(
                 f"stage {self.stage}: the head aborted epoch {msg.epoch}: {reply.reason}"
             )
@@ -274,7 +283,7 @@ class HeadControl:
         self.deferred = _Deferred(self.tracer, migrator)
         self.decisions: list[dict[str, Any]] = []  # (for tools) every barrier's outcome
 
-    def _broadcast(self, msg: CtrlMessage, *, best_effort: bool = False) -> None:
+    def _broadcast(self, msg: BarrierMessage, *, best_effort: bool = False) -> None:
         for stage, ctrl in self.ctrls.items():
             try:
                 ctrl.send(msg)
@@ -283,12 +292,12 @@ class HeadControl:
                     raise PeerLostError(f"head: stage {stage} lost while sending {msg.kind}: {exc}") from exc  # fmt: skip
 
     def _fail(self, epoch: int, reason: str, exc: SplitlabError) -> SplitlabError:
-        abort = self.state.on_failure(reason) or Abort(epoch=epoch, reason=reason)
-        self._broadcast(Abort(epoch=abort.epoch, reason=reason, fatal=True), best_effort=True)
+        abort = self.state.on_failure(reason) or BarrierAbort(epoch=epoch, reason=reason)
+        self._broadcast(BarrierAbort(epoch=abort.epoch, reason=reason, fatal=True), best_effort=True)
         self.migrator.abort()
-        self.tracer.emit("window", epoch=epoch, barrier_ms=None, prestage_ms=None, commit_ms=None,
-                         release_ms=0.0, n_acks=len(self.state.acks), aborted=True,
-                         decision=f"fatal: {reason}", obs=None, cuts=list(self.migrator.cuts))  # fmt: skip
+        self.tracer.write(WindowRecord(epoch=epoch, barrier_ms=None, prestage_ms=None, commit_ms=None,
+                          n_acks=len(self.state.acks), aborted=True,
+                          decision=f"fatal: {reason}", obs=None, cuts=list(self.migrator.cuts)))  # fmt: skip
         return type(exc)(reason)
 
     def barrier(self, *, step: int, pos: int, stats: WindowStats) -> None:
@@ -331,18 +340,18 @@ class HeadControl:
                     raise self._fail(epoch, reason, exc) from exc
                 if not isinstance(msg, (Ack, Nack)):
                     raise ProtocolError(
-                        f"head: expected ACK/NACK from stage {stage}, got {msg.kind!r}"
+                        f"head: expected ACK/NACK from stage {stage}, got '{msg.kind}'"
                     )
                 if msg.epoch == epoch:
                     answers[stage] = msg
                     answer_ms[str(stage)] = (time.perf_counter() - t0) * 1e3
                     verdict = self.state.on_answer(msg) or verdict
         commit_ms = 0.0
-        if isinstance(verdict, Commit):
+        if isinstance(verdict, BarrierCommit):
             self._broadcast(verdict)
             commit_ms = migrator.commit()
         else:
-            assert isinstance(verdict, Abort), verdict
+            assert isinstance(verdict, BarrierAbort), verdict
             self._broadcast(verdict)
             migrator.abort()
             log.warning("epoch %d aborted: %s", epoch, verdict.reason)
@@ -351,7 +360,7 @@ class HeadControl:
             if isinstance(answer, Ack):
                 self.last_stats[stage] = StageStats.from_dict(stage, answer.stats)
                 self.last_obs[stage] = answer.obs
-        aborted = not isinstance(verdict, Commit)
+        aborted = not isinstance(verdict, BarrierCommit)
         n_acks = sum(isinstance(a, Ack) for a in answers.values())
         record = {"epoch": epoch, "token": step, "barrier_ms": barrier_ms, "prestage_ms": prestage_ms,
                   "commit_ms": commit_ms, "n_acks": n_acks, "aborted": aborted,
@@ -361,10 +370,10 @@ class HeadControl:
                   "stats": {str(s): a.stats for s, a in answers.items() if isinstance(a, Ack)},
                   "cuts": list(migrator.cuts), "predicted_ms": list(decision.predicted_ms)}  # fmt: skip
         self.decisions.append(record)
-        records = [("window", record)]
+        records: list[WindowRecord | MigrationRecord] = [WindowRecord(**record)]
         if not aborted:
-            records += [("migration", r) for r in _migration_records(
-                report, stage=0, epoch=epoch, token=step, commit_ms=commit_ms)]  # fmt: skip
+            records += _migration_records(
+                report, stage=0, epoch=epoch, token=step, commit_ms=commit_ms)  # fmt: skip
         self.deferred.emit(records)
 
     def close(self, reason: str = "end") -> None:

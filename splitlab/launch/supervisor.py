@@ -1,10 +1,19 @@
-"""Run a group of child processes as one job: stream their logs, stop at the first failure.
+"""Run a group of child processes as one job: stream their logs, stop at the root cause.
 
 The launcher turns a config into node specs and hands their command lines here. The
 supervisor prefixes every child's output lines with its name, keeps each child's last lines,
 and when any child exits non-zero it terminates the others (SIGTERM, then SIGKILL after a
-grace period) and reports which child failed first, with its exit code and last log lines.
-Children are always torn down, whatever happens to the supervisor.
+grace period) and reports the root cause, with its exit code and last log lines.
+
+The first process to exit is often not the cause: a coordinator relaying an abort exits 8
+before the node that failed has finished exiting, and peers see a lost connection. So exits are
+ranked (`cause_rank`: a cause, then a lost peer or timeout, then a relayed abort), and after a
+failure that is not a cause the group keeps running for `cause_grace_s` to let the cause's own
+exit arrive; `root_cause` picks the earliest exit of the best rank (pure, tested exhaustively).
+
+SIGTERM and SIGINT to the supervisor are handled alike: every child is torn down and the result
+names the signal, with exit code 128 + its number, like a shell. Children are always torn
+down, whatever happens to the supervisor.
 
     python -m pytest tests/unit/test_launch_supervisor.py -q
 """
@@ -19,12 +28,17 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from types import FrameType
+from typing import IO, Any
+
+from splitlab.errors import ExitCode
 
 log = logging.getLogger(__name__)
+
+SUPERVISOR = "supervisor"  # the name a group timeout or a signal is reported under
 
 
 @dataclass(frozen=True)
@@ -47,16 +61,79 @@ class ChildResult:
 
 @dataclass
 class GroupResult:
-    exit_code: int  # 0 when every child exited 0; else the first failure's code
-    first_failure: str | None
+    exit_code: int  # 0 when every child exited 0; else the root cause's code
+    first_failure: str | None  # the root cause: a child's name, or SUPERVISOR
     children: dict[str, ChildResult]
 
     def diagnosis(self) -> str:
         if self.first_failure is None:
             return "all processes exited 0"
         child = self.children[self.first_failure]
-        tail = "\n    ".join(child.last_lines[-10:]) or "(no output)"
-        return f"{child.name} failed first with exit code {child.exit_code}; its last lines:\n    {tail}"
+        if child.name == SUPERVISOR:
+            text = f"{SUPERVISOR} stopped the group with exit code {child.exit_code}: "
+            text += "; ".join(child.last_lines)
+        else:
+            tail = "\n    ".join(child.last_lines[-10:]) or "(no output)"
+            text = (
+                f"{child.name} failed first with exit code {child.exit_code} "
+                f"({exit_meaning(child.exit_code)}); its last lines:\n    {tail}"
+            )
+        others = [
+            f"{c.name} (exit {c.exit_code}, {exit_meaning(c.exit_code)})"
+            for c in self.children.values()
+            if c.name not in (child.name, SUPERVISOR) and not c.killed and c.exit_code
+        ]
+        if others:
+            text += "\n  also failed (consequences): " + ", ".join(others)
+        torn_down = [c.name for c in self.children.values() if c.killed]
+        if torn_down:
+            text += "\n  torn down: " + ", ".join(torn_down)
+        return text
+
+
+def shell_code(returncode: int) -> int:
+    """A child's return code as a shell reports it: death by signal N is 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def exit_meaning(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    code = shell_code(code)
+    if code > 128:
+        try:
+            return f"killed by {signal.Signals(code - 128).name}"
+        except ValueError:
+            return f"killed by signal {code - 128}"
+    try:
+        return ExitCode(code).name.lower()
+    except ValueError:
+        return "unclassified"
+
+
+def cause_rank(code: int) -> int | None:
+    """How much an exit looks like the root cause: 0 a cause (bad config, NaN, a crash, a
+    death by signal, ...), 1 a lost peer or a timeout (often the symptom of another failure),
+    2 a relayed abort (always a consequence); None for a clean exit."""
+    code = shell_code(code)
+    if code == ExitCode.OK:
+        return None
+    if code == ExitCode.ABORTED:
+        return 2
+    if code in (ExitCode.PEER_LOST, ExitCode.TIMEOUT):
+        return 1
+    return 0
+
+
+def root_cause(exits: Sequence[tuple[str, int]]) -> str | None:
+    """The root cause among `(name, exit code)` pairs in the order their exits were seen: the
+    earliest of the best `cause_rank`; None when none failed."""
+    failed = [
+        (rank, order, name)
+        for order, (name, code) in enumerate(exits)
+        if (rank := cause_rank(code)) is not None
+    ]
+    return min(failed)[2] if failed else None
 
 
 class _Child:
@@ -111,8 +188,9 @@ def run_group(
     sink: IO[str] | None = sys.stderr,
     tail_lines: int = 40,
     poll_s: float = 0.05,
+    cause_grace_s: float = 5.0,
 ) -> GroupResult:
-    """Start every child, wait for all to exit 0 or for the first failure, tear down the rest.
+    """Start every child, wait for all to exit 0 or for the root cause, tear down the rest.
 
     Args:
         specs: the children, started in order.
@@ -120,42 +198,89 @@ def run_group(
             and the result carries exit code 4 (timeout) naming the group.
         grace_s: seconds between SIGTERM and SIGKILL during teardown.
         sink: where prefixed child output goes (None: only kept in memory / log files).
+        cause_grace_s: after a failure that is not a cause (`cause_rank` > 0), how long the
+            others keep running so that a root cause still exiting is seen.
     """
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise ValueError(f"child names must be unique: {names}")
     children: list[_Child] = []
+    exits: list[tuple[str, int]] = []  # (name, shell exit code) in the order seen
     first_failure: str | None = None
     exit_code = 0
+    supervisor_line = ""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    failed_at: float | None = None
+    received: list[int] = []
+    previous = _catch_signals(received)
     try:
         for spec in specs:
             children.append(_Child(spec, sink, tail_lines))
         while True:
-            running = [c for c in children if c.proc.poll() is None]
-            failed = [c for c in children if c.proc.returncode not in (None, 0)]
-            if failed:
-                first = failed[0]
-                first_failure, exit_code = first.spec.name, int(first.proc.returncode)
-                if exit_code < 0:  # killed by a signal: report it as 128 + signal, like a shell
-                    exit_code = 128 - exit_code
+            seen = {name for name, _ in exits}
+            exits += [
+                (c.spec.name, shell_code(c.proc.returncode))
+                for c in children
+                if c.spec.name not in seen and c.proc.poll() is not None
+            ]
+            now = time.monotonic()
+            running = len(exits) < len(children)
+            cause = root_cause(exits)
+            if received:
+                sig = signal.Signals(received[0])
+                first_failure, exit_code = SUPERVISOR, 128 + sig
+                supervisor_line = f"received {sig.name}"
+                log.error("received %s, tearing every process down", sig.name)
                 break
-            if not running:
+            if cause is not None:
+                failed_at = now if failed_at is None else failed_at
+                if cause_rank(dict(exits)[cause]) == 0 or not running:
+                    break
+                if now - failed_at >= cause_grace_s:
+                    break
+            elif not running:
                 break
-            if deadline is not None and time.monotonic() > deadline:
-                first_failure, exit_code = "supervisor", 4
-                log.error("process group timed out after %.1f s", timeout_s)
+            if deadline is not None and now > deadline:
+                if cause is None:
+                    first_failure, exit_code = SUPERVISOR, int(ExitCode.TIMEOUT)
+                    supervisor_line = f"timed out after {timeout_s} s"
+                    log.error("process group timed out after %.1f s", timeout_s)
                 break
             time.sleep(poll_s)
+        if first_failure is None and cause is not None:
+            first_failure, exit_code = cause, dict(exits)[cause]
     finally:
-        _teardown(children, grace_s)
+        try:
+            _teardown(children, grace_s)
+        finally:
+            _restore_signals(previous)
     results = {
         c.spec.name: ChildResult(c.spec.name, c.proc.returncode, list(c.lines), c.killed)
         for c in children
     }
-    if first_failure == "supervisor":
-        results["supervisor"] = ChildResult("supervisor", 4, [f"timed out after {timeout_s} s"])
+    if first_failure == SUPERVISOR:
+        results[SUPERVISOR] = ChildResult(SUPERVISOR, exit_code, [supervisor_line])
     return GroupResult(exit_code=exit_code, first_failure=first_failure, children=results)
+
+
+_Handlers = dict[signal.Signals, Callable[[int, FrameType | None], Any] | int | None]
+
+
+def _catch_signals(received: list[int]) -> _Handlers:
+    """SIGTERM and SIGINT only record themselves: the loop stops and tears down (main thread
+    only; elsewhere Python cannot install handlers and the caller's stay)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def record(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+
+    return {sig: signal.signal(sig, record) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+
+def _restore_signals(previous: _Handlers) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
 
 
 def _teardown(children: list[_Child], grace_s: float) -> None:

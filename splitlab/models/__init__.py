@@ -6,9 +6,8 @@
   share its tensors and keep upstream key names.
 - `tokens`: positions, labels and losses from the B x T padding mask.
 - `load`: `load_model(cfg)` for random, hub/local and packaged models.
-- `assets`: the asset cache for the packaged models and data.
 
-Nothing is imported here, so `python -m splitlab.models.assets` stays free of torch.
+Packaged models' folders come from the asset cache, `splitlab.assets` (below models and data).
 
     .venv/bin/pytest tests/unit/test_models_plan.py tests/equivalence
 """

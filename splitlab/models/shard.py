@@ -6,7 +6,8 @@
 no tensor is left on meta (non-persistent buffers such as rotary `inv_freq` never appear in a
 checkpoint: they are recomputed), and every declared key prefix (`model.layers.7.`, ...) matched
 at least one checkpoint tensor. A tied head (`lm_head.weight` absent from the checkpoint) reads
-the embedding tensor. `load_part_hf` is the legacy path: the whole model, then pruned.
+the embedding tensor. `load_part_hf` is the legacy path: the whole model, then pruned; it reports
+its load in the one line `splitlab.models.load` writes, not transformers' load report.
 
 `CheckpointIndex` caches metadata only (folder, config, key -> file map); `load_blocks` returns
 fresh blocks by global index on every call, for migration between neighbouring stages.
@@ -17,6 +18,7 @@ fresh blocks by global index on every call, for migration between neighbouring s
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -29,10 +31,13 @@ from transformers import AutoConfig, PreTrainedConfig
 
 from splitlab.config.enums import DType
 from splitlab.errors import AssetError
-from splitlab.models.families import FamilyAdapter, family_for_model, get_family
+from splitlab.models.families import FamilyAdapter, family_for_model, family_for_model_type
+from splitlab.models.load import load_line
 from splitlab.models.parts import Part, build_part
 from splitlab.models.plan import Span
+from splitlab.telemetry.log import quiet_transformers
 
+log = logging.getLogger(__name__)
 _DTYPES = {DType.fp32: torch.float32, DType.bf16: torch.bfloat16}
 
 
@@ -54,11 +59,7 @@ class CheckpointIndex:
 
     @property
     def family(self) -> FamilyAdapter:
-        for name in ("llama", "gpt2", "bert"):
-            adapter = get_family(name)
-            if self.config.model_type in adapter.model_types:
-                return adapter
-        raise AssetError(f"{self.folder}: no family handles model_type={self.config.model_type!r}")
+        return family_for_model_type(self.config.model_type, where=str(self.folder))
 
 
 def open_checkpoint(folder: str | Path) -> CheckpointIndex:
@@ -243,14 +244,16 @@ def load_part_hf(
     """Legacy path: `from_pretrained` the whole model, then prune it to `span`."""
     t0 = time.perf_counter()
     config = AutoConfig.from_pretrained(folder)
-    adapter = next(
-        a for a in map(get_family, ("llama", "gpt2", "bert")) if config.model_type in a.model_types
-    )
+    adapter = family_for_model_type(config.model_type, where=str(folder))
     dtype = DType(dtype)
     kwargs = {"dtype": "auto" if dtype is DType.auto else _DTYPES[dtype]}
-    model = adapter.model_class(config).from_pretrained(folder, **kwargs)
-    whole = resident_bytes(model)
+    with quiet_transformers():  # one splitlab line instead of transformers' load report
+        model, info = adapter.model_class(config).from_pretrained(
+            folder, output_loading_info=True, **kwargs
+        )
     t1 = time.perf_counter()
+    log.info("%s", load_line(config.model_type, str(folder), info, elapsed_s=t1 - t0))
+    whole = resident_bytes(model)
     part = build_part(model, span, adapter=family_for_model(model))
     del model
     t2 = time.perf_counter()

@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 _FORMAT = "%(asctime)s [%(role)s:%(rank)s] %(levelname)s %(name)s: %(message)s"
 
@@ -34,3 +36,22 @@ def setup_logging(role: str, rank: int | str = 0, *, level: str | int | None = N
     root.setLevel(level or os.environ.get("SPLITLAB_LOG_LEVEL", "INFO"))
     for noisy in ("pika", "urllib3", "filelock", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' own logging at ERROR inside (its LOAD REPORT table is a WARNING; `load_line`
+    says what matters in one line instead), and its progress bars off unless stderr is a
+    terminal (carriage-return redraws are noise in a log file)."""
+    from transformers.utils import logging as hf_logging  # only where transformers loads
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    if not sys.stderr.isatty():
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()

@@ -1,9 +1,10 @@
-"""JSONL trace writer: one record per event, with automatic `ts_us`, `role` and `rank`.
+"""JSONL trace writer: one typed record per event, with automatic `ts_us`, `role` and `rank`.
 
-Records are queued and written by a background thread, so `emit` never blocks compute on
-file I/O. A disabled tracer (`Tracer.null()`) is a no-op.
+Records (`splitlab.telemetry.records`) are queued with their timestamp and serialised by a
+background thread, so `write` never blocks compute on encoding or file I/O. A disabled tracer
+(`Tracer.null()`) is a no-op.
 
-    python -c "from splitlab.telemetry.trace import Tracer; t = Tracer.open('/tmp/t.jsonl', role='x', rank=0); t.emit('hello', n=1); t.close()"
+    python -c "from splitlab.telemetry.trace import Tracer; from splitlab.telemetry.records import AbortRecord; t = Tracer.open('/tmp/t.jsonl', role='x', rank=0); t.write(AbortRecord(reason='demo')); t.close()"
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from splitlab.telemetry.schema import Record, stamp
 
 _STOP = object()
 
@@ -77,20 +80,21 @@ class Tracer:
     def enabled(self) -> bool:
         return self._queue is not None
 
-    def emit(self, kind: str, **fields: Any) -> None:
+    def write(self, record: Record) -> None:
+        """Queue `record`, stamped now; the caller must not mutate the values it holds."""
         if self._queue is None:
             return
-        record = {"ts_us": now_us(), "role": self.role, "rank": self.rank, "kind": kind}
-        record.update(fields)
-        self._queue.put(record)
+        self._queue.put((now_us(), record))
 
     def _drain(self) -> None:
         assert self._queue is not None
         while True:
-            record = self._queue.get()
-            if record is _STOP:
+            item = self._queue.get()
+            if item is _STOP:
                 break
-            self._file.write(json.dumps(_jsonable(record), separators=(",", ":")) + "\n")
+            ts_us, record = item
+            line = stamp(record, ts_us=ts_us, role=self.role, rank=self.rank)
+            self._file.write(json.dumps(_jsonable(line), separators=(",", ":")) + "\n")
             if self._queue.empty():
                 self._file.flush()
         self._file.flush()

@@ -10,20 +10,25 @@ Pure cores (no sockets, no clocks unless injected):
     exchange     what FedAvg averages per fine-tuning mode (full, LoRA adapters, LoRA merged)
 Compute:
     nodes        owner/worker halves of one microbatch, live graphs, body timing
-    engine       every U-shape node in one process (the reference the distributed run keeps)
-    two_stage    the two-stage mode in one process
     lora         peft LoRA on parts; merged dense views; folding an average into the base
+    parts        the parts a node builds: low-rank cuts of finetune.sft, then LoRA
     validate     loss, accuracy, perplexity over any logits function
     rounds       round end: FedAvg per partition, redistribution, checkpoint
-    local        rounds with every node in one process, with resume
 Networked shells:
     protocol     frame kinds, polling, watchdog, ABORT fan-out
     owner        the owner's window scheduler over a Transport and the control bus
     worker       the worker's window scheduler
     two_stage_net  first and last stage over a Transport
+    loopback     one owner and one worker scheduler in two threads over loopback TCP
     remote_eval  owner validation through a worker (forward only)
     coordinator  rounds on the bus: START, UPDATE, FedAvg, checkpoints, resume, STOP
-    process      one node per process from a JSON spec (python -m splitlab.train.process)
+    role         one process's place in its run, derived from the resolved config
+    node_setup   what every role builds from its role: parts, control bus, data plane, tracer
+    member       data-plane start-up and the round loop every owner and worker shares
+    roles        coordinator and U-shape owner/worker in a process (python -m splitlab.node)
+    two_stage_node  a two-stage owner or worker in a process
+
+The in-process oracles these are tested against live in `splitlab.reference`.
 
     .venv/bin/pytest tests/unit/test_train_*.py tests/equivalence/test_train_*.py -q
 """

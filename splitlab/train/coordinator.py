@@ -1,6 +1,7 @@
 """The round coordinator on the control bus, and the node side of its exchange.
 
-Coordinator, per round (rounds start at 0, or one past the last checkpoint with `resume`):
+Coordinator, per round (round ids are 0-based indexes, logged as 1..N; they start at 0, or one
+past the last checkpoint with `resume`):
 
     START   -> every node: round id, first window id, windows in the round, and the session's
                data-plane key (generated here; nodes build their TCP transport from the first
@@ -8,7 +9,8 @@ Coordinator, per round (rounds start at 0, or one past the last checkpoint with 
     (owners and workers run the windows among themselves)
     UPDATE  <- every node: its partition ("owner" or "body") as safetensors bytes + samples
     FedAvg owner and body partitions separately by processed samples (`splitlab.train.rounds`)
-    checkpoint (optional, atomic, original key names, round + RNG)
+    checkpoint (optional, atomic, original key names, round + RNG + validation loss), then
+               prune the checkpoints `task.keep_checkpoints` does not keep
     UPDATE  -> every node: partition "merged", the averaged weights of its own keys
     ... and after the last round, STOP.
 
@@ -31,12 +33,31 @@ import torch
 from safetensors.torch import load, save
 from torch import nn
 
+from splitlab.config.enums import KeepCheckpoints
 from splitlab.control.endpoint import ControlEndpoint
 from splitlab.control.membership import new_session_key_hex
-from splitlab.control.messages import Abort, Kind, Message, Start, Stop, Update
-from splitlab.errors import AbortedError, ProtocolError, WaitTimeoutError
-from splitlab.train.checkpoint import capture_rng, latest_checkpoint, save_checkpoint, unshared
-from splitlab.train.engine import Emit
+from splitlab.control.messages import Abort, BusMessage, Kind, Start, Stop, Update
+from splitlab.errors import AbortedError, AssetError, ProtocolError, WaitTimeoutError
+from splitlab.train.checkpoint import (
+    capture_rng,
+    checkpoint_bytes,
+    checkpoint_path,
+    latest_checkpoint,
+    prune_checkpoints,
+    remove_stale_temps,
+    save_checkpoint,
+    unshared,
+)
+from splitlab.telemetry.records import (
+    AbortRecord,
+    CheckpointRecord,
+    Emit,
+    FedavgRecord,
+    RoundEndRecord,
+    RoundStartRecord,
+    StopRecord,
+    round_number,
+)
 from splitlab.train.fedavg import check_finite
 from splitlab.train.protocol import abort_peers
 from splitlab.train.rounds import NodeUpdate, aggregate, redistribute
@@ -70,24 +91,28 @@ class Coordinator:
         workers: Sequence[str],
         num_windows: int,
         checkpoint_dir: Path | None = None,
+        keep_checkpoints: KeepCheckpoints = KeepCheckpoints.last_and_best,
         timeout_s: float = 120.0,
         dense_view: DenseView | None = None,
         data_key_hex: str | None = None,
         emit: Emit | None = None,
     ) -> None:
         """`dense_view` turns the averaged updates into the checkpoint's dense state under the
-        original keys (LoRA adapters need the base: see `splitlab.train.process`); None = as is.
+        original keys (LoRA adapters need the base: see `splitlab.train.roles`); None = as is.
         `data_key_hex` is the data plane's HMAC key sent in every START; None = a fresh one.
+        `keep_checkpoints` prunes `checkpoint_dir` after every save ("best" = the lowest
+        owners' validation loss of the round, sample-weighted).
         `emit` traces the rounds: `round_start`, `fedavg` (each node's weight = its samples, and
         its metrics), `checkpoint`, `round_end`, `abort` (the cause), `stop`.
         """
-        self.emit: Emit = emit or (lambda kind, **fields: None)
+        self.emit: Emit = emit or (lambda record: None)
         self.data_key_hex = data_key_hex or new_session_key_hex()
         self.control = control
         self.dense_view = dense_view or dict
         self.owners, self.workers = list(owners), list(workers)
         self.num_windows = num_windows
         self.checkpoint_dir = checkpoint_dir
+        self.keep_checkpoints = KeepCheckpoints(keep_checkpoints)
         self.timeout_s = timeout_s
         self.history: list[dict[str, int]] = []  # per round: node -> FedAvg weight
         self.metrics: list[dict[str, Any]] = []  # per round and node: UPDATE metrics + samples
@@ -101,13 +126,15 @@ class Coordinator:
         try:
             self._run(rounds=rounds, resume=resume)
         except BaseException as exc:
-            self.emit("abort", reason=f"{type(exc).__name__}: {exc}"[:2000])
+            self.emit(AbortRecord(reason=f"{type(exc).__name__}: {exc}"[:2000]))
             abort_peers(self.control, self.nodes, exc)
             raise
 
     def _run(self, *, rounds: int, resume: bool) -> None:
         ctl = self.control
         start, initial = 0, None
+        if self.checkpoint_dir is not None:
+            remove_stale_temps(self.checkpoint_dir)
         if resume and self.checkpoint_dir is not None:
             checkpoint = latest_checkpoint(self.checkpoint_dir)
             if checkpoint is not None:
@@ -124,7 +151,7 @@ class Coordinator:
                 data_key_hex=self.data_key_hex, roster=[{"node": n} for n in self.nodes],
             )  # fmt: skip
             ctl.send_all(self.nodes, start_msg)
-            self.emit("round_start", round=round_id, resumed=initial is not None, **plan)
+            self.emit(RoundStartRecord(round=round_id, resumed=initial is not None, **plan))
             if initial is not None:
                 self._send_merged(initial.round_id, initial.state, None, RESTORE)
                 initial = None
@@ -132,22 +159,29 @@ class Coordinator:
             merged = aggregate(updates)
             self.history.append({u.node: u.num_samples for u in updates})
             for update in updates:
-                self.emit(
-                    "fedavg", round=round_id, node=update.node, partition=update.partition,
+                self.emit(FedavgRecord(
+                    round=round_id, node=update.node, partition=update.partition,
                     weight=update.num_samples, metrics=self._node_metrics(round_id, update.node),
-                )  # fmt: skip
+                ))  # fmt: skip
             if self.checkpoint_dir is not None:
                 dense = self.dense_view(merged)
                 path = save_checkpoint(
-                    self.checkpoint_dir, round_id=round_id, state=dense, rng=capture_rng()
-                )
-                self.emit("checkpoint", round=round_id, path=str(path), tensors=len(dense))
+                    self.checkpoint_dir, round_id=round_id, state=dense, rng=capture_rng(),
+                    val_loss=self._owner_mean(round_id, "loss"),
+                )  # fmt: skip
+                self.emit(CheckpointRecord(round=round_id, path=str(path), num_tensors=len(dense)))
+                prune_checkpoints(self.checkpoint_dir, self.keep_checkpoints)
             self._send_merged(round_id, merged, {u.node: set(u.state) for u in updates}, MERGED)
             seconds = time.monotonic() - began
-            self.emit("round_end", round=round_id, seconds=round(seconds, 3))
+            self.emit(RoundEndRecord(round=round_id, round_s=round(seconds, 3)))
             log.info("%s", self._round_line(round_id, rounds, updates, seconds))
         ctl.send_all(self.nodes, Stop(session_id=ctl.session, sender=ctl.node_id, reason="done"))
-        self.emit("stop", rounds=rounds)
+        self.emit(StopRecord(num_rounds=rounds))
+        if self.checkpoint_dir is not None:
+            num_files, num_bytes = checkpoint_bytes(self.checkpoint_dir)
+            log.info("checkpoints (keep_checkpoints=%s): %d files, %.1f MiB in %s",
+                     self.keep_checkpoints.value, num_files, num_bytes / 2**20,
+                     self.checkpoint_dir)  # fmt: skip
 
     def _node_metrics(self, round_id: int, node: str) -> dict[str, Any]:
         rows = [m for m in self.metrics if m["round"] == round_id and m["node"] == node]
@@ -157,15 +191,19 @@ class Coordinator:
         self, round_id: int, rounds: int, updates: list[NodeUpdate], seconds: float
     ) -> str:
         """One progress line: the owners' held-out metrics, sample-weighted."""
-        rows = [m for m in self.metrics if m["round"] == round_id and m["node"] in self.owners]
         samples = sum(u.num_samples for u in updates if u.node in self.owners)
-        line = f"round {round_id + 1}/{rounds} done in {seconds:.1f} s: {samples} samples"
+        line = f"round {round_number(round_id)}/{rounds} done in {seconds:.1f} s: {samples} samples"
         for name in ("train_loss", "loss", "accuracy", "perplexity"):
-            pairs = [(r[name], r.get("samples") or 1) for r in rows if r.get(name) is not None]
-            if pairs:
-                mean = sum(v * w for v, w in pairs) / sum(w for _, w in pairs)
+            mean = self._owner_mean(round_id, name)
+            if mean is not None:
                 line += f", {'val_' if name != 'train_loss' else ''}{name} {mean:.4f}"
         return line
+
+    def _owner_mean(self, round_id: int, name: str) -> float | None:
+        """The owners' metric `name` of the round, sample-weighted; None when none reported it."""
+        rows = [m for m in self.metrics if m["round"] == round_id and m["node"] in self.owners]
+        pairs = [(r[name], r.get("samples") or 1) for r in rows if r.get(name) is not None]
+        return sum(v * w for v, w in pairs) / sum(w for _, w in pairs) if pairs else None
 
     def _collect_updates(self, round_id: int) -> list[NodeUpdate]:
         got = self.control.collect(Kind.UPDATE, self.nodes, self.timeout_s)
@@ -185,8 +223,7 @@ class Coordinator:
                     f"UPDATE from {node!r} carries {msg.partition!r}, expected {expected!r}"
                 )
             state = decode_state(msg.weights, node)
-            if msg.num_samples > 0:
-                check_finite(node, state)  # loud, naming node and key (never averaged to zeros)
+            check_finite(node, state)  # loud, naming node and key, even at weight 0 (a fault)
             updates.append(NodeUpdate(node, msg.partition, state, msg.num_samples))
         return updates
 
@@ -217,7 +254,7 @@ Idle = Callable[[], object]  # a waiting node's work between control polls (e.g.
 
 def _wait(
     control: ControlEndpoint, kinds: tuple[Kind, ...], timeout_s: float, idle: Idle | None
-) -> Message:
+) -> BusMessage:
     """`control.wait_for`, calling `idle` (which blocks briefly) between polls.
 
     Work `idle` reports (a truthy return) restarts the `timeout_s` clock: a worker serving the
@@ -291,7 +328,8 @@ def receive_merged(
     weights sent on resume (`restore`). See `splitlab.train.exchange` for both per mode.
 
     Raises:
-        ProtocolError: the update lacks a key these modules hold.
+        ProtocolError: the MERGED update lacks a key these modules hold (or has another shape).
+        AssetError: the same for a RESTORE update, naming the checkpoint file.
         NonFiniteError: the update holds NaN/Inf.
     """
     msg = _wait(control, (Kind.UPDATE,), timeout_s, idle)
@@ -302,7 +340,14 @@ def receive_merged(
         )
     state = decode_state(msg.weights, msg.sender)
     check_finite(msg.sender, state)
-    loader = load if msg.partition == MERGED else restore
-    for module in modules:
-        loader(module, state)
+    if msg.partition == MERGED:
+        for module in modules:
+            load(module, state)
+        return msg.round_id
+    try:
+        for module in modules:
+            restore(module, state)
+    except ProtocolError as exc:  # a resume: the fault is in the file, so name it
+        name = checkpoint_path(Path(), msg.round_id).name
+        raise AssetError(f"checkpoint {name} sent by {msg.sender!r} to resume: {exc}") from exc
     return msg.round_id

@@ -10,7 +10,7 @@ One `Exchange` per fine-tuning mode, so the round code never branches on the met
 
 Checkpoints always take `dense(module)`: original key names, no adapter keys.
 
-    .venv/bin/pytest tests/unit/test_train_local.py -q
+    .venv/bin/pytest tests/unit/test_reference_rounds.py -q
 """
 
 from __future__ import annotations

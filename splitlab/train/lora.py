@@ -34,8 +34,9 @@ from torch import nn
 
 from splitlab.config.enums import TaskKind
 from splitlab.config.schema import LoraConfig
-from splitlab.errors import ConfigError
+from splitlab.errors import ConfigError, ProtocolError
 from splitlab.models.parts import LOWRANK_IN, LOWRANK_OUT, Part
+from splitlab.train.rounds import copy_exact
 
 ADAPTER = "default"
 _BASE = ".base_layer."
@@ -93,16 +94,15 @@ def load_trainable_state(module: nn.Module, state: Mapping[str, torch.Tensor]) -
     """Copy averaged adapter tensors back in place.
 
     Raises:
-        ConfigError: `state` lacks one of this module's trainable tensors.
+        ProtocolError: `state` lacks one of this module's trainable tensors or holds it with
+            another shape.
     """
     params = dict(module.named_parameters())
     mine = [name for name, p in params.items() if p.requires_grad]
     missing = [name for name in mine if name not in state]
     if missing:
-        raise ConfigError(f"adapter update lacks {missing[:5]} (of {len(missing)})")
-    with torch.no_grad():
-        for name in mine:
-            params[name].copy_(state[name])
+        raise ProtocolError(f"adapter update lacks {missing[:5]} (of {len(missing)})")
+    copy_exact([(name, params[name], state[name]) for name in mine], "adapter update")
 
 
 def _lora_layers(module: nn.Module) -> dict[str, LoraLayer]:
@@ -131,17 +131,19 @@ def fold_into_base(module: nn.Module, dense: Mapping[str, torch.Tensor]) -> None
     """Load averaged dense weights as the new base and zero B (so the model equals `dense`).
 
     Raises:
-        ConfigError: `dense` lacks a key this module holds.
+        ProtocolError: `dense` lacks a key this module holds or holds it with another shape.
     """
     layers = _lora_layers(module)
+    pairs = []
+    for key, tensor in module.state_dict().items():
+        if ".lora_" in key:
+            continue
+        original = key.replace(_BASE, ".")
+        if original not in dense:
+            raise ProtocolError(f"merged update lacks {original!r}")
+        pairs.append((original, tensor, dense[original]))
+    copy_exact(pairs, "merged update")
     with torch.no_grad():
-        for key, tensor in module.state_dict().items():
-            if ".lora_" in key:
-                continue
-            original = key.replace(_BASE, ".")
-            if original not in dense:
-                raise ConfigError(f"merged update lacks {original!r}")
-            tensor.copy_(dense[original])
         for layer in layers.values():
             if ADAPTER in layer.lora_B:
                 layer.lora_B[ADAPTER].weight.zero_()

@@ -4,14 +4,14 @@
 transport, announce this worker's address (REGISTER) or dial the workers that announced theirs.
 `run_rounds`: per START, load the coordinator's weights when asked, train one round (the
 architecture's `train_round`), trace it, send the UPDATE for FedAvg, load the average back,
-until STOP. Used by `splitlab.train.process` (U-shape) and `splitlab.train.two_stage_node`.
+until STOP. Used by `splitlab.train.roles` (U-shape) and `splitlab.train.two_stage_node`.
 
     .venv/bin/pytest tests/integration/test_finetune_task.py -q
 """
 
 from __future__ import annotations
 
-import os
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,18 +19,17 @@ from typing import Any
 from torch import nn
 
 from splitlab.control.endpoint import ControlEndpoint
-from splitlab.control.messages import Kind, Message, Register, Start
+from splitlab.control.messages import BusMessage, Kind, Register, Start
+from splitlab.telemetry.records import LiveGraphsRecord, RoundRecord, UpdateRecord
 from splitlab.telemetry.trace import Tracer
 from splitlab.train.coordinator import Idle, receive_merged, send_update, wait_start
 from splitlab.train.exchange import Exchange
-from splitlab.train.node_setup import (
-    DATA_KEY_ENV,
-    NodeSpec,
-    data_transport,
-    startup_timeout,
-    transport_bytes,
-)
+from splitlab.train.node_setup import data_transport, transport_bytes
+from splitlab.train.role import TrainRole
 from splitlab.wire.base import Transport
+from splitlab.wire.session_key import session_key
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -45,8 +44,8 @@ TrainRound = Callable[[Start], RoundResult]
 
 
 def open_data_plane(
-    spec: NodeSpec, control: ControlEndpoint, *, announce_to: Sequence[str], dial: Sequence[str]
-) -> tuple[Start | None, Transport | None, dict[str, Message]]:
+    spec: TrainRole, control: ControlEndpoint, *, announce_to: Sequence[str], dial: Sequence[str]
+) -> tuple[Start | None, Transport | None, dict[str, BusMessage]]:
     """(the first START, the transport, the REGISTERs of the dialled workers).
 
     A worker sends REGISTER (its data-plane address and compute weight) to `announce_to`; an
@@ -54,21 +53,22 @@ def open_data_plane(
     the worker waits for: so neither starts its first window (and its per-wait `timeout_s`)
     before the other has loaded its model. These waits use `startup_timeout_s`.
 
-    Without a coordinator the key comes from `$SPLITLAB_DATA_KEY` and the START is None; a STOP
+    Without a coordinator the key is `$SPLITLAB_SESSION_KEY` and the START is None; a STOP
     before any round (a resumed run that is already complete) returns (None, None, {}).
     """
     first = None
-    wait_s = startup_timeout(spec)
+    wait_s = spec.startup_timeout_s
     if spec.coordinator is None:
-        key_hex = os.environ.get(DATA_KEY_ENV, "")
+        key_hex = session_key().hex()
     else:  # the data-plane key comes with the first START over the control plane
         first = wait_start(control, spec.coordinator, wait_s)
         if first is None:
             return None, None, {}
-        key_hex = first.data_key_hex or os.environ.get(DATA_KEY_ENV, "")
+        key_hex = first.data_key_hex or session_key().hex()
         control.advance(int(first.plan["first_window"]))  # a resumed run starts further on
     transport = data_transport(spec, key_hex)
     host, port = transport.address
+    log.info("%s: data plane at %s:%d", spec.name, host, port)
     hello = Register(
         session_id=spec.session, sender=spec.name, role=spec.role, host=host, port=port,
         compute_weight=spec.compute_weight,
@@ -77,6 +77,7 @@ def open_data_plane(
         control.send_all(list(announce_to), hello)
     registers = control.collect(Kind.REGISTER, list(dial), wait_s) if dial else {}
     for name, msg in registers.items():
+        log.info("%s: dialling %s at %s:%d", spec.name, name, msg.host, msg.port)
         transport.connect(name, msg.host, msg.port)  # type: ignore[attr-defined]
     if dial:
         control.send_all(list(dial), hello)  # connected: the worker may start its windows
@@ -86,7 +87,7 @@ def open_data_plane(
 
 
 def run_rounds(
-    spec: NodeSpec,
+    spec: TrainRole,
     control: ControlEndpoint,
     transport: Transport,
     tracer: Tracer,
@@ -114,18 +115,18 @@ def run_rounds(
             metrics["train_loss"] = sum(result.losses) / len(result.losses)
         metrics["bytes"] = transport_bytes(transport) - bytes_before
         metrics["peak_live_graphs"] = result.peak_live
-        tracer.emit("live_graphs", round=round_id, peak=result.peak_live, node=spec.name)
+        tracer.write(LiveGraphsRecord(round=round_id, peak=result.peak_live, node=spec.name))
         if spec.role == "owner":
-            tracer.emit(
-                "round", round=round_id, owner=spec.name, loss=metrics.get("loss"),
+            tracer.write(RoundRecord(
+                round=round_id, owner=spec.name, loss=metrics.get("loss"),
                 accuracy=metrics.get("accuracy"), perplexity=metrics.get("perplexity"),
                 train_loss=metrics.get("train_loss"), samples=result.num_samples,
                 bytes=metrics["bytes"],
-            )  # fmt: skip
+            ))  # fmt: skip
         send_update(
             control, spec.coordinator, round_id=round_id, partition=partition,
             state=exchange.export(view), num_samples=result.num_samples, metrics=metrics,
         )  # fmt: skip
-        tracer.emit("update", round=round_id, num_samples=result.num_samples)
+        tracer.write(UpdateRecord(round=round_id, num_samples=result.num_samples))
         receive_merged(control, modules, spec.timeout_s, idle, **loaders)
         start = wait_start(control, spec.coordinator, spec.timeout_s, idle)

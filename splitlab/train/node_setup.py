@@ -1,17 +1,13 @@
-"""A training node's spec and what every role builds from it: parts, control, data plane.
+"""What every training role builds from its `TrainRole`: parts, control bus, data plane, tracer.
 
-`NodeSpec` is the JSON a launcher writes per process (`splitlab.launch.train`) or a by-hand
-start derives from the run's config (`splitlab.launch.node`). Every process builds the same
-replica from it (`build_node_parts`: same seed, same order of random draws), whatever its role,
-so FedAvg and checkpoints agree on key names.
+Every process builds the same replica (`build_node_parts`: same seed, same order of random
+draws), whatever its role, so FedAvg and checkpoints agree on key names.
 
     .venv/bin/pytest tests/equivalence/test_train_processes.py -q
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -19,109 +15,27 @@ from urllib.parse import urlparse
 import torch
 from safetensors.torch import load_file, save_file
 
-from splitlab.config.enums import (
-    DataDistribution,
-    DataSource,
-    DType,
-    Family,
-    FinetuneMethod,
-    ModelSource,
-    ResidualMode,
-    SftCut,
-    TaskKind,
-)
-from splitlab.config.schema import DataConfig, LoraConfig, ModelConfig, SftConfig
-from splitlab.control.bus import make_bus
-from splitlab.control.embedded import EmbeddedAddress
+from splitlab.config.enums import FinetuneMethod
+from splitlab.config.schema import TwoStageConfig
+from splitlab.control.bus import bus_kind, open_bus
+from splitlab.control.embedded import BUS_PEER
 from splitlab.control.endpoint import ControlEndpoint
 from splitlab.errors import ConfigError
 from splitlab.models.load import load_model
 from splitlab.models.parts import Part
 from splitlab.models.plan import PartitionPlan, two_stage_plan, u_shape_plan
-from splitlab.sft.parts import build_training_parts
+from splitlab.telemetry.records import ControlLinkRecord, TransportRecord
 from splitlab.telemetry.trace import Tracer
+from splitlab.testbed.placement import node_delay_line
+from splitlab.testbed.topology import topology_from_config
 from splitlab.train.exchange import Exchange, exchange_for
 from splitlab.train.feed import OwnerFeed
+from splitlab.train.parts import build_training_parts
+from splitlab.train.role import COORDINATOR, TrainRole
+from splitlab.wire.delay import DELAY_SOURCE
 from splitlab.wire.base import Transport
-from splitlab.wire.tcp import TcpTransport
-
-DATA_KEY_ENV = "SPLITLAB_DATA_KEY"
-TWO_STAGE = "two_stage"
-
-
-@dataclass
-class NodeSpec:
-    role: str  # "coordinator", "owner" or "worker"
-    name: str
-    session: str
-    owners: list[str]
-    workers: list[str]
-    model: dict[str, Any]  # ModelConfig fields (random init from `seed`, or packaged/hub)
-    out_path: str  # where the partition state goes at the end ("" = nowhere)
-    num_windows: int
-    quota: int  # microbatches per owner per window
-    seed: int = 0  # torch seed before building the model
-    cut_layers: int = 1
-    tail_blocks: int = 1
-    weights: dict[str, float] = field(default_factory=dict)  # worker -> weight; {} = REGISTER's
-    data_path: str | None = None  # owners: safetensors with mb{i}.<batch key>
-    lr: float = 1e-2
-    weight_decay: float = 0.01
-    eps: float = 1e-8
-    max_inflight: int = 2
-    worker_max_inflight: int = 8
-    clip_grad_norm: float = 0.0
-    timeout_s: float = 60.0
-    startup_timeout_s: float = 0.0  # first START and REGISTER waits (model loads); 0 = timeout_s
-    coordinator: str | None = None  # node id of the coordinator; None = one round, no FedAvg
-    rounds: int = 1  # coordinator: rounds to run
-    resume: bool = False  # coordinator: continue after the last checkpoint in checkpoint_dir
-    checkpoint_dir: str | None = None  # coordinator: where round checkpoints go
-    trace_dir: str | None = None  # JSONL traces: <trace_dir>/<role>-<rank>.jsonl
-    val_path: str | None = None  # owners: held-out microbatches, validated before each FedAvg
-    lora: dict[str, Any] | None = None  # LoraConfig fields; None = full fine-tuning
-    merge_for_fedavg: bool = False  # LoRA: average merged dense weights instead of adapters
-    rank: int = 0  # index among its role (trace file rank, owner's data shard)
-    device: str = "cpu"  # where this node computes: cpu, cuda, cuda:N
-    control: dict[str, Any] | None = None  # ControlConfig fields; None = embedded bus from env
-    transport: dict[str, Any] | None = None  # TransportConfig fields; None = TCP on loopback
-    data: dict[str, Any] | None = None  # owners: DataConfig fields (real data, per round)
-    batch_size: int = 16  # owners with `data`: sequences per microbatch
-    steps_per_round: int = 0  # owners with `data`: microbatches per round; 0 = one pass
-    validate: bool = True  # owners with `data`: held-out metrics before every FedAvg
-    compute_weight: float = 1.0  # worker: its WRR weight, announced in REGISTER
-    adaptive_weights: bool = False  # owners: re-weight WRR from COMMIT throughput
-    progress: bool = False  # owners: a tqdm bar per round when stderr is a terminal
-    sft: dict[str, Any] | None = None  # SftConfig fields: the low-rank cut(s); None = none
-    architecture: str = "u_shape"  # u_shape (front/body/tail) or two_stage (first/last)
-    control_count: int = 1  # two_stage: first-stage microbatches per window (one step each)
-    objective: str = "mean_of_means"  # u_shape: how microbatch losses combine (config.enums)
-
-    @classmethod
-    def from_json(cls, text: str) -> NodeSpec:
-        data = json.loads(text)
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"node spec: unknown keys {unknown}")
-        return cls(**data)
-
-
-def data_config(data: dict[str, Any]) -> DataConfig:
-    cfg = DataConfig(**data)
-    cfg.source, cfg.task = DataSource(cfg.source), TaskKind(cfg.task)
-    cfg.distribution = DataDistribution(cfg.distribution)
-    return cfg
-
-
-def model_config(data: dict[str, Any]) -> ModelConfig:
-    cfg = ModelConfig(**data)
-    cfg.family, cfg.source, cfg.dtype = (
-        Family(cfg.family),
-        ModelSource(cfg.source),
-        DType(cfg.dtype),
-    )
-    return cfg
+from splitlab.wire.registry import TransportFacts, open_transport
+from splitlab.wire.session_key import session_key
 
 
 def save_batches(path: Path, batches: list[dict[str, torch.Tensor]]) -> None:
@@ -132,7 +46,10 @@ def save_batches(path: Path, batches: list[dict[str, torch.Tensor]]) -> None:
     )
 
 
-def load_batches(path: Path) -> list[dict[str, torch.Tensor]]:
+def load_batches(path: Path | None) -> list[dict[str, torch.Tensor]]:
+    """The microbatches `save_batches` wrote (none without a path)."""
+    if path is None:
+        return []
     flat = load_file(str(path))
     out: dict[int, dict[str, torch.Tensor]] = {}
     for key, tensor in flat.items():
@@ -141,90 +58,94 @@ def load_batches(path: Path) -> list[dict[str, torch.Tensor]]:
     return [out[i] for i in sorted(out)]
 
 
-def control_endpoint(spec: NodeSpec) -> ControlEndpoint:
-    """The control bus: RabbitMQ at `control.url`, or the embedded bus the environment names."""
-    control = spec.control or {"name": "embedded"}
-    if control.get("name", "embedded") == "rabbitmq":
-        bus = make_bus(
-            "rabbitmq", url=control["url"], session=spec.session, node_id=spec.name,
-            timeout_s=spec.timeout_s, heartbeat_s=int(control.get("heartbeat_s", 30)),
-            prefetch=int(control.get("prefetch", 32)),
-        )  # fmt: skip
-    else:
-        address = EmbeddedAddress.from_env()
-        bus = make_bus(
-            "embedded", host=address.host, port=address.port, authkey=address.authkey,
-            session=spec.session, node_id=spec.name, timeout_s=spec.timeout_s,
-        )  # fmt: skip
-    return ControlEndpoint(bus)
-
-
-def data_transport(spec: NodeSpec, key_hex: str) -> Transport:
-    """The data plane: TCP (HMAC on the session key) or tensors over AMQP."""
-    cfg = spec.transport or {"name": "tcp"}
-    if cfg.get("name", "tcp") == "rabbitmq":
-        from splitlab.wire.amqp import AmqpTransport
-
-        return AmqpTransport(
-            spec.name, session=spec.session, url=cfg["url"], timeout_s=spec.timeout_s,
-            pool_bytes=int(cfg.get("pool_bytes", 256 << 20)),
-        )  # fmt: skip
-    if not key_hex:
+def control_endpoint(role: TrainRole) -> ControlEndpoint:
+    """The control bus `control.name` names, from the bus registry; the embedded one at the
+    node's `--control` address, authenticated with the session key, through the delay line of
+    the path to the coordinator's host on a testbed (control crosses the links as data does;
+    the broker's relay delays RabbitMQ's bytes, `splitlab.testbed.relay`)."""
+    cfg = role.control
+    peers = [*role.owners, *role.workers, *([role.coordinator] if role.coordinator else [])]
+    if cfg.name != "embedded":
+        return ControlEndpoint(open_bus(cfg, session=role.session, node_id=role.name,
+                                        timeout_s=role.timeout_s), peers=peers)  # fmt: skip
+    if role.control_address is None:
         raise ConfigError(
-            f"{spec.name}: no data-plane key (START carried none, ${DATA_KEY_ENV} unset)"
+            f"{role.name}: control=embedded needs the bus address (--control HOST:PORT)"
         )
-    broker = None
-    if spec.control and spec.control.get("name") == "rabbitmq":
-        broker = urlparse(spec.control["url"]).hostname
-    return TcpTransport(
-        spec.name, key=bytes.fromhex(key_hex), session=spec.session,
-        bind_host=cfg.get("bind_host", "127.0.0.1"), port=int(cfg.get("port", 0)),
-        advertise_host=cfg.get("advertise_host"), broker_host=broker,
-        pool_bytes=int(cfg.get("pool_bytes", 256 << 20)),
-        max_frame_bytes=cfg.get("max_frame_bytes"),
+    host, port = role.control_address
+    delay = node_delay_line(role.testbed, role.role, role.rank, {BUS_PEER: (COORDINATOR, 0)},
+                            seed=role.seed) if role.coordinator else None  # fmt: skip
+    bus = bus_kind(cfg.name).connect(
+        session=role.session, node_id=role.name, timeout_s=role.timeout_s, host=host, port=port,
+        authkey=session_key(), prefetch=cfg.prefetch, delay=delay,
     )  # fmt: skip
+    return ControlEndpoint(bus, peers=peers)
 
 
-def sft_config(data: dict[str, Any] | None) -> SftConfig:
-    """The spec's low-rank cut settings (disabled when the spec carries none)."""
-    if data is None:
-        return SftConfig(enabled=False)
-    cfg = SftConfig(**data)
-    cfg.residual, cfg.cuts = ResidualMode(cfg.residual), SftCut(cfg.cuts)
-    return cfg
+def control_record(role: TrainRole, control: ControlEndpoint) -> ControlLinkRecord:
+    """Where this node's control messages got their delay (none off a testbed)."""
+    delay = getattr(control.bus, "delay", None)
+    if delay is not None:
+        return ControlLinkRecord(bus=role.control.name, via="bus delay line", **delay.describe())
+    topology = topology_from_config(role.testbed)
+    if role.control.name != "rabbitmq" or topology.empty:
+        return ControlLinkRecord(bus=role.control.name)
+    link = topology.links[topology.host_of(role.role, role.rank)]
+    return ControlLinkRecord(bus=role.control.name, via="broker relay",
+                             delay_source=DELAY_SOURCE if link.delay_ms > 0 else None,
+                             delay_ms=link.delay_ms, jitter_ms=link.jitter_ms)  # fmt: skip
 
 
-def node_plan(spec: NodeSpec) -> PartitionPlan:
-    """U-shape (front, body, tail) or two-stage (first, last) over the spec's model."""
-    layers = spec.model["num_layers"]
-    if spec.architecture == TWO_STAGE:
-        return two_stage_plan(num_layers=layers, cut_layers=spec.cut_layers)
-    return u_shape_plan(num_layers=layers, cut_layers=spec.cut_layers, tail_blocks=spec.tail_blocks)
+def data_transport(role: TrainRole, key_hex: str) -> Transport:
+    """The data plane `transport.name` names, from the transport registry; on a testbed whose
+    paths have a delay, with the delay line of this node's host (`node_delay_line`)."""
+    control = role.control
+    broker = urlparse(control.url).hostname if control.name == "rabbitmq" else None
+    peers = {name: ("owner", i) for i, name in enumerate(role.owners)}
+    peers |= {name: ("worker", j) for j, name in enumerate(role.workers)}
+    delay = node_delay_line(role.testbed, role.role, role.rank, peers, seed=role.seed)
+    facts = TransportFacts(node_id=role.name, session=role.session, key=bytes.fromhex(key_hex),
+                           timeout_s=role.timeout_s, broker_host=broker, delay=delay)  # fmt: skip
+    return open_transport(role.transport, facts)
 
 
-def build_node_parts(spec: NodeSpec, tokenizer: list[Any] | None = None) -> tuple[Part, ...]:
+def transport_record(transport: Transport) -> TransportRecord:
+    """The transport's cumulative counters, and where its delay came from (a delay line)."""
+    delay = getattr(transport, "delay", None)
+    return TransportRecord(counters=transport.counters(),
+                           **(delay.describe() if delay is not None else {}))  # fmt: skip
+
+
+def node_plan(role: TrainRole) -> PartitionPlan:
+    """U-shape (front, body, tail) or two-stage (first, last) over the role's model."""
+    layers, arch = role.model.num_layers, role.arch
+    if isinstance(arch, TwoStageConfig):
+        return two_stage_plan(num_layers=layers, cut_layers=arch.cut_layers)
+    return u_shape_plan(num_layers=layers, cut_layers=arch.cut_layers, tail_blocks=arch.tail_blocks)
+
+
+def build_node_parts(role: TrainRole, tokenizer: list[Any] | None = None) -> tuple[Part, ...]:
     """Every process builds the same replica: same seed, same order of random draws (model,
     then the SVD of a low-rank cut, then LoRA adapters on every part), whatever its role. With
     `tokenizer` (a list) the model's tokenizer is loaded and appended to it."""
-    torch.manual_seed(spec.seed)
-    model, tok = load_model(model_config(spec.model), load_tokenizer=tokenizer is not None)
+    torch.manual_seed(role.seed)
+    model, tok = load_model(role.model, load_tokenizer=tokenizer is not None)
     if tokenizer is not None:
         tokenizer.append(tok)
-    model.to(torch.device(spec.device))
-    lora = LoraConfig(**spec.lora) if spec.lora is not None else None
-    return build_training_parts(model, node_plan(spec), sft=sft_config(spec.sft), lora=lora)
+    model.to(torch.device(role.device))
+    return build_training_parts(model, node_plan(role), sft=role.finetune.sft, lora=role.lora)
 
 
-def node_exchange(spec: NodeSpec) -> Exchange:
-    method = FinetuneMethod.full if spec.lora is None else FinetuneMethod.lora
-    return exchange_for(method, merge_for_fedavg=spec.merge_for_fedavg)
+def node_exchange(role: TrainRole) -> Exchange:
+    method = FinetuneMethod.full if role.lora is None else FinetuneMethod.lora
+    return exchange_for(method, merge_for_fedavg=role.finetune.merge_for_fedavg)
 
 
-def node_tracer(spec: NodeSpec) -> Tracer:
-    if not spec.trace_dir:
+def node_tracer(role: TrainRole) -> Tracer:
+    if role.trace_dir is None:
         return Tracer.null()
-    path = Path(spec.trace_dir) / f"{spec.role}-{spec.rank}.jsonl"  # DESIGN: <role>-<rank>
-    return Tracer.open(path, role=spec.role, rank=spec.rank)
+    path = role.trace_dir / f"{role.role}-{role.rank}.jsonl"  # DESIGN: <role>-<rank>
+    return Tracer.open(path, role=role.role, rank=role.rank)
 
 
 def transport_bytes(transport: Transport) -> int:
@@ -233,21 +154,17 @@ def transport_bytes(transport: Transport) -> int:
     return sum(int(v) for k, v in counters.items() if k.endswith((".bytes_sent", ".bytes_recv")))
 
 
-def adamw(spec: NodeSpec, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay, eps=spec.eps)
+def adamw(role: TrainRole, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    ft = role.finetune
+    return torch.optim.AdamW(params, lr=ft.lr, weight_decay=ft.weight_decay, eps=ft.eps)
 
 
-def owner_feed(spec: NodeSpec, tokenizer: Any) -> OwnerFeed | None:
-    """An owner's real data, per round (None without `spec.data`: fixed or no microbatches)."""
-    if spec.data is None:
+def owner_feed(role: TrainRole, tokenizer: Any) -> OwnerFeed | None:
+    """An owner's real data, per round (None without `role.data`: fixture or no batches)."""
+    if role.data is None:
         return None
     return OwnerFeed(
-        data_config(spec.data), tokenizer, owner_index=spec.rank, num_owners=len(spec.owners),
-        batch_size=spec.batch_size, steps_per_round=spec.steps_per_round, seed=spec.seed,
-        device=spec.device,
+        role.data, tokenizer, owner_index=role.rank, num_owners=len(role.owners),
+        batch_size=role.finetune.batch_size, steps_per_round=role.task.steps_per_round,
+        seed=role.seed, device=role.device,
     )  # fmt: skip
-
-
-def startup_timeout(spec: NodeSpec) -> float:
-    """How long a node waits for its peers to start (they load models first)."""
-    return spec.startup_timeout_s or spec.timeout_s

@@ -1,7 +1,7 @@
 """What an owner and a worker compute for one microbatch, and the live graphs they keep.
 
 These are the node-side halves of the U-shape step, written once and called both by the
-in-process engine (direct calls) and by the networked schedulers (on received frames):
+in-process oracle (`splitlab.reference.ushape`, direct calls) and by the networked schedulers (on received frames):
 
     owner   front_forward(mb, batch)         -> crossing to send  (front graph kept)
     worker  body_forward(key, crossing, ..)  -> crossing to return (body graph kept)

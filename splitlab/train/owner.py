@@ -30,7 +30,17 @@ from splitlab.control.endpoint import ControlEndpoint
 from splitlab.control.messages import Commit, Drained, Kind, Open, Plan
 from splitlab.errors import ProtocolError
 from splitlab.models.families import PAD_MASK as ATTENTION_MASK
-from splitlab.train.engine import Emit
+from splitlab.telemetry.records import (
+    BackwardRecord,
+    DrainedRecord,
+    Emit,
+    ForwardRecord,
+    MicrobatchRecord,
+    PlanRecord,
+    StepRecord,
+    WindowProfileRecord,
+    WrrRecord,
+)
 from splitlab.train.nodes import Batch, OwnerNode, clip_and_step
 from splitlab.train.objective import loss_scale, num_targets
 from splitlab.train.phases import PhaseTimes
@@ -93,7 +103,7 @@ class OwnerScheduler:
         self.workers = list(workers)
         self.weights, self.settings = weights, settings
         self.wrr = SmoothWRR(weights.weights())
-        self.emit: Emit = emit or (lambda kind, **fields: None)
+        self.emit: Emit = emit or (lambda record: None)
         self.peak_live = 0  # most front graphs kept at once (reset by the caller)
         self.phases = PhaseTimes()
 
@@ -120,9 +130,9 @@ class OwnerScheduler:
                     counts_by_worker=counts, num_targets=sum(targets))  # fmt: skip
         with phase("open_wait"):
             ctl.send_all(self.workers, plan)
-            self.emit("plan", window=window_id, owner=me, counts_by_worker=counts)
+            self.emit(PlanRecord(window=window_id, owner=me, counts_by_worker=counts))
             for worker, count in counts.items():  # the analysis contract's per-worker allocation
-                self.emit("wrr", window=window_id, owner=me, worker=worker, count=count)
+                self.emit(WrrRecord(window=window_id, owner=me, worker=worker, count=count))
             opens: dict[str, Open] = ctl.collect(Kind.OPEN, self.workers, timeout_s)  # type: ignore[assignment]
         group_total = agreed(opens, "group_total", window_id)
         scales = [loss_scale(Objective.mean_of_means, group_microbatches=group_total)] * len(
@@ -138,7 +148,7 @@ class OwnerScheduler:
         )
         with phase("commit_wait"):
             # Traced before sending, so no worker's COMMIT can carry an earlier timestamp.
-            self.emit("drained", window=window_id, owner=me, num_microbatches=len(batches))
+            self.emit(DrainedRecord(window=window_id, owner=me, num_microbatches=len(batches)))
             ctl.send_all(self.workers, drained)
             commits: dict[str, Commit] = ctl.collect(Kind.COMMIT, self.workers, timeout_s)  # type: ignore[assignment]
         for worker, msg in commits.items():
@@ -146,9 +156,9 @@ class OwnerScheduler:
         if batches:
             with phase("step"):
                 clip_and_step(self.node.params, self.node.optimizer, self.settings.clip_grad_norm)
-            self.emit("step", window=window_id, owner=me)
-        self.emit("window_profile", window=window_id, node=me, num_microbatches=len(batches),
-                  **self.phases.take())  # fmt: skip
+            self.emit(StepRecord(window=window_id, owner=me))
+        self.emit(WindowProfileRecord(window=window_id, node=me, num_microbatches=len(batches),
+                                      phases=self.phases.take()))  # fmt: skip
         return losses
 
     def _run(
@@ -189,10 +199,10 @@ class OwnerScheduler:
                 self.node.front_backward(microbatch, grad)
             ledger.release(microbatch)
             self.emit(
-                "backward", window=window_id, microbatch=microbatch, owner=me, worker=msg.peer
+                BackwardRecord(window=window_id, microbatch=microbatch, owner=me, worker=msg.peer)
             )
-            self.emit("microbatch", window=window_id, microbatch=microbatch, owner=me,
-                      worker=msg.peer, lane="gradient", bytes=payload_bytes(grad))  # fmt: skip
+            self.emit(MicrobatchRecord(window=window_id, microbatch=microbatch, owner=me,
+                      worker=msg.peer, lane="gradient", bytes=payload_bytes(grad)))  # fmt: skip
 
         def send(peer: str, lane: Lane, kind: str, tensors: dict, microbatch: int,
                  priority: Priority) -> None:  # fmt: skip
@@ -232,10 +242,10 @@ class OwnerScheduler:
                 tensors = {**hidden, PAD_MASK: batch[ATTENTION_MASK].to(torch.uint8)}
                 send(worker, Lane.ACTIVATION, BODY_FORWARD, tensors, microbatch, Priority.FORWARD)
                 self.emit(
-                    "forward", window=window_id, microbatch=microbatch, owner=me, worker=worker
+                    ForwardRecord(window=window_id, microbatch=microbatch, owner=me, worker=worker)
                 )
-                self.emit("microbatch", window=window_id, microbatch=microbatch, owner=me,
-                          worker=worker, lane="activation", bytes=payload_bytes(tensors))  # fmt: skip
+                self.emit(MicrobatchRecord(window=window_id, microbatch=microbatch, owner=me,
+                          worker=worker, lane="activation", bytes=payload_bytes(tensors)))  # fmt: skip
                 busy = True
             if busy:
                 watchdog.progress()

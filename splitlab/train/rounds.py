@@ -60,20 +60,37 @@ def aggregate(updates: Sequence[NodeUpdate]) -> dict[str, torch.Tensor]:
     return merge_partitions(*(weighted_by_num_samples(c) for c in by_partition.values()))
 
 
-def redistribute(merged: Mapping[str, torch.Tensor], modules: Sequence[nn.Module]) -> None:
-    """Load each module's own keys from `merged` in place (strict: every key must be there).
+def copy_exact(pairs: Sequence[tuple[str, torch.Tensor, torch.Tensor]], what: str) -> None:
+    """Copy each `(key, target, source)` in place once every shape is known to match exactly
+    (`copy_` would broadcast a `[1]` into a `[384, 384]`); nothing is copied when one differs.
 
     Raises:
-        ProtocolError: `merged` lacks a key some module holds.
+        ProtocolError: naming `what`, the key and both shapes.
+    """
+    for key, target, source in pairs:
+        if target.shape != source.shape:
+            raise ProtocolError(
+                f"{what}: {key!r} has shape {list(source.shape)}, this node's is "
+                f"{list(target.shape)}"
+            )
+    with torch.no_grad():
+        for _, target, source in pairs:
+            target.copy_(source)
+
+
+def redistribute(merged: Mapping[str, torch.Tensor], modules: Sequence[nn.Module]) -> None:
+    """Load each module's own keys from `merged` in place (strict: every key must be there,
+    with exactly its shape).
+
+    Raises:
+        ProtocolError: `merged` lacks a key some module holds, or holds it with another shape.
     """
     for module in modules:
         own = module.state_dict()
         missing = sorted(set(own) - set(merged))
         if missing:
             raise ProtocolError(f"the merged model lacks keys {missing[:5]} (of {len(missing)})")
-        with torch.no_grad():
-            for key, tensor in own.items():
-                tensor.copy_(merged[key])
+        copy_exact([(key, t, merged[key]) for key, t in own.items()], "the merged model")
 
 
 def finish_round(

@@ -35,7 +35,7 @@ from splitlab.errors import ConfigError, NonFiniteError, ProtocolError, WaitTime
 from splitlab.models.families import INPUT_IDS, PAD_MASK
 from splitlab.models.parts import HIDDEN, Part
 from splitlab.models.tokens import positions_from_pad_mask
-from splitlab.train.engine import Emit
+from splitlab.telemetry.records import BackwardRecord, Emit, ForwardRecord, Record, StepRecord
 from splitlab.train.nodes import (
     Batch,
     as_crossing,
@@ -66,7 +66,7 @@ LOSS = "loss"
 COUNT = "count"
 
 
-def _emit_nothing(kind: str, **fields: object) -> None:
+def _emit_nothing(record: Record) -> None:
     return None
 
 
@@ -171,7 +171,7 @@ class FirstStage:
                 self.last_stage, Lane.ACTIVATION, STAGE_FORWARD, tensors,
                 routing=Routing(window=window_id, microbatch=data_id), timeout_s=self.timeout_s,
             ).wait(self.timeout_s)  # fmt: skip
-            self.emit("forward", window=window_id, microbatch=data_id, stage="first")
+            self.emit(ForwardRecord(window=window_id, microbatch=data_id, part="first"))
         losses: list[float] = []
         while live:
             msg = self.transport.recv(
@@ -189,12 +189,12 @@ class FirstStage:
             backward_crossing(  # releases this graph
                 live.pop(data_id), grads, f"first-stage backward of microbatch {data_id}"
             )
-            self.emit("backward", window=window_id, microbatch=data_id, stage="first")
+            self.emit(BackwardRecord(window=window_id, microbatch=data_id, part="first"))
         for param in self.params:
             if param.grad is not None:
                 param.grad.div_(len(chunk))
         clip_and_step(self.params, self.optimizer, self.clip_grad_norm)
-        self.emit("step", window=window_id, stage="first", num_microbatches=len(chunk))
+        self.emit(StepRecord(window=window_id, part="first", num_microbatches=len(chunk)))
         return losses
 
 
@@ -251,7 +251,7 @@ class LastStage:
                 routing=routing, priority=Priority.BACKWARD, timeout_s=self.timeout_s,
             ).wait(self.timeout_s)  # fmt: skip
             losses[peer].append(value)
-            self.emit("step", microbatch=routing.microbatch, stage="last", owner=peer)
+            self.emit(StepRecord(microbatch=routing.microbatch, part="last", owner=peer))
         return losses
 
     def _answer_validation(self, msg: Message) -> None:
@@ -294,3 +294,17 @@ class LastStage:
         clip_and_step(self.params, self.optimizer, self.clip_grad_norm)
         self.num_samples += int(pad_mask.shape[0])
         return leaf_grads(inputs, f"last-stage gradient of microbatch {data_id}"), value
+
+
+def check_untied(first: torch.nn.Module, last: torch.nn.Module) -> None:
+    """Refuse stages that share a parameter: a tied embedding and head split across two
+    machines would be two copies that drift apart.
+
+    Raises:
+        ConfigError: naming the fix.
+    """
+    if {id(p) for p in first.parameters()} & {id(p) for p in last.parameters()}:
+        raise ConfigError(
+            "two-stage stages share a parameter (tied embedding and head): set "
+            "model.untie_embeddings=true so the head becomes its own copy at load"
+        )

@@ -16,7 +16,6 @@ last stage returns with each gradient.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from safetensors.torch import save_file
@@ -24,31 +23,33 @@ from safetensors.torch import save_file
 from splitlab.control.endpoint import ControlEndpoint
 from splitlab.control.messages import Start
 from splitlab.models.families import INPUT_IDS
+from splitlab.telemetry.records import ValidationRecord
 from splitlab.train.checkpoint import unshared
 from splitlab.train.member import RoundResult, open_data_plane, run_rounds
 from splitlab.train.node_setup import (
-    NodeSpec,
     adamw,
     build_node_parts,
+    control_record,
     load_batches,
     node_exchange,
     node_tracer,
     owner_feed,
+    transport_record,
 )
 from splitlab.train.nodes import partition_parameters
-from splitlab.train.two_stage import check_untied
-from splitlab.train.two_stage_net import FirstStage, LastStage
+from splitlab.train.role import TrainRole
+from splitlab.train.two_stage_net import FirstStage, LastStage, check_untied
 from splitlab.wire.base import Transport
 
 
-def stage_peers(spec: NodeSpec) -> list[str]:
+def stage_peers(spec: TrainRole) -> list[str]:
     """An owner's last stage ([worker i mod W]) or a worker's owners."""
     if spec.role == "owner":
         return [spec.workers[spec.rank % len(spec.workers)]]
     return [o for i, o in enumerate(spec.owners) if i % len(spec.workers) == spec.rank]
 
 
-def run_stage(spec: NodeSpec, control: ControlEndpoint) -> None:
+def run_stage(spec: TrainRole, control: ControlEndpoint) -> None:
     """Run one two-stage owner or worker to its end (see the module docstring)."""
     tokenizer: list[Any] = []
     is_owner = spec.role == "owner"
@@ -57,8 +58,8 @@ def run_stage(spec: NodeSpec, control: ControlEndpoint) -> None:
     part = first_part if is_owner else last_part
     exchange = node_exchange(spec)
     feed = owner_feed(spec, tokenizer[0] if tokenizer else None)
-    fixed = load_batches(Path(spec.data_path)) if spec.data_path else []
-    fixed_val = load_batches(Path(spec.val_path)) if spec.val_path else []
+    fixed = load_batches(spec.fixture.batches_path)
+    fixed_val = load_batches(spec.fixture.val_batches_path)
     peers = stage_peers(spec)
     tracer = node_tracer(spec)
     transport: Transport | None = None
@@ -68,13 +69,13 @@ def run_stage(spec: NodeSpec, control: ControlEndpoint) -> None:
         )
         if transport is None:
             return  # STOP before any round (e.g. resuming a finished run)
-        common = {"transport": transport, "clip_grad_norm": spec.clip_grad_norm,
-                  "timeout_s": spec.timeout_s, "emit": tracer.emit}  # fmt: skip
+        common = {"transport": transport, "clip_grad_norm": spec.finetune.clip_grad_norm,
+                  "timeout_s": spec.timeout_s, "emit": tracer.write}  # fmt: skip
         stage: FirstStage | LastStage
         if is_owner:
             stage = FirstStage(
                 part=part, optimizer=adamw(spec, partition_parameters(part)), last_stage=peers[0],
-                control_count=spec.control_count, **common,
+                control_count=spec.quota, **common,
             )  # fmt: skip
         else:
             stage = LastStage(
@@ -92,11 +93,14 @@ def run_stage(spec: NodeSpec, control: ControlEndpoint) -> None:
             batches = feed.round_batches(start.round_id) if feed is not None else fixed
             losses = stage.run(batches, first_window=int(start.plan["first_window"]))
             metrics: dict[str, Any] = {}
-            val = feed.val_batches(start.round_id) if feed is not None and spec.validate else []
+            validate = feed is not None and spec.task.validate
+            val = feed.val_batches(start.round_id) if validate else []
             val = val or fixed_val
             if val:  # local metrics before FedAvg, through the last stage (it has the head)
                 result = stage.validate(val)
-                tracer.emit("validation", round=start.round_id, worker=peers[0], **result.to_dict())
+                tracer.write(
+                    ValidationRecord(round=start.round_id, worker=peers[0], **result.to_dict())
+                )
                 metrics.update(
                     loss=result.loss, accuracy=result.accuracy, perplexity=result.perplexity,
                     val_samples=result.num_samples,
@@ -110,10 +114,11 @@ def run_stage(spec: NodeSpec, control: ControlEndpoint) -> None:
                 spec, control, transport, tracer, first, modules=[part], view=part,
                 exchange=exchange, train_round=train_round,
             )  # fmt: skip
-        if spec.out_path:
-            save_file(unshared(exchange.dense(part)), spec.out_path)
+        if spec.fixture.out_path is not None:
+            save_file(unshared(exchange.dense(part)), str(spec.fixture.out_path))
     finally:
         if transport is not None:
-            tracer.emit("transport", **transport.counters())
+            tracer.write(transport_record(transport))
             transport.close()
+        tracer.write(control_record(spec, control))
         tracer.close()

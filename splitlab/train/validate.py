@@ -23,7 +23,7 @@ from splitlab.config.enums import TaskKind
 from splitlab.models.families import INPUT_IDS, PAD_MASK, FamilyAdapter
 from splitlab.models.parts import Part
 from splitlab.models.tokens import positions_from_pad_mask
-from splitlab.train.engine import Batch
+from splitlab.train.nodes import Batch
 from splitlab.train.objective import num_targets
 
 

@@ -26,7 +26,7 @@ import torch
 from splitlab.control.endpoint import ControlEndpoint
 from splitlab.control.messages import Commit, Drained, Kind, Open, Plan
 from splitlab.errors import ProtocolError
-from splitlab.train.engine import Emit
+from splitlab.telemetry.records import CommitRecord, Emit, OpenRecord, WindowProfileRecord
 from splitlab.train.nodes import WorkerNode, clip_and_step
 from splitlab.train.owner import SchedulerSettings
 from splitlab.train.phases import PhaseTimes
@@ -71,7 +71,7 @@ class WorkerScheduler:
         self.owners = list(owners)
         self.credit, self.worker_max_inflight = credit, worker_max_inflight
         self.settings = settings
-        self.emit: Emit = emit or (lambda kind, **fields: None)
+        self.emit: Emit = emit or (lambda record: None)
         self.peak_live = 0  # most body graphs kept at once (reset by the caller)
         self.phases = PhaseTimes()
 
@@ -99,7 +99,9 @@ class WorkerScheduler:
                       group_total=group_total, credit=self.credit,
                       group_targets=group_targets)  # fmt: skip
         ctl.send_all(self.owners, opened)
-        self.emit("open", window=window_id, worker=me, group_total=group_total, credit=self.credit)
+        self.emit(
+            OpenRecord(window=window_id, worker=me, group_total=group_total, credit=self.credit)
+        )
         total = sum(expected.values())
         if total:
             self._serve(window_id, expected)
@@ -124,11 +126,13 @@ class WorkerScheduler:
             tokens_per_s=tokens_per_s,
         )
         self.emit(  # before sending: a trace must never show an owner's step before this
-            "commit", window=window_id, worker=me, num_microbatches=total, tokens_per_s=tokens_per_s
+            CommitRecord(
+                window=window_id, worker=me, num_microbatches=total, tokens_per_s=tokens_per_s
+            )
         )
         ctl.send_all(self.owners, commit)
-        self.emit("window_profile", window=window_id, node=me, num_microbatches=total,
-                  **self.phases.take())  # fmt: skip
+        self.emit(WindowProfileRecord(window=window_id, node=me, num_microbatches=total,
+                                      phases=self.phases.take()))  # fmt: skip
         return total
 
     def _serve(self, window_id: int, expected: dict[str, int]) -> None:

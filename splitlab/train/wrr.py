@@ -5,6 +5,9 @@ to its running score, takes the highest score and subtracts the total weight fro
 Over any run of `sum(weights)` picks each worker is chosen in proportion to its weight, and
 picks are interleaved (3:1 gives a, a, b, a, ... not a, a, a, b). The running scores persist
 across windows, so a window of 2 with weights 3:1 does not always hand the slow worker nothing.
+A round starts from reset scores; with fixed weights the owner then replays the earlier rounds'
+picks, so an owner with 2 microbatches a round still gives the slow worker its share over the
+run, and a resumed round picks exactly as an uninterrupted one.
 
 An owner calls `assign(count)` once per window to pin each of its microbatches to a worker
 before the window opens. A worker serving ready queues from several owners calls

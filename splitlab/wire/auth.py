@@ -6,7 +6,13 @@ a client nonce it has already seen (a replay), else answers with its id and nonc
 answers with its proof; the server checks it (refusing a wrong key, logged) and accepts with
 its own proof, which the client checks in turn.
 Both proofs cover the session, both ids, the lane and both nonces, with distinct role labels,
-so no proof can be reused for another connection or for the other side.
+so no proof can be reused for another connection or for the other side. `session_key` reads
+the key a launcher hands its children in the environment (never on argv).
+
+Before the proof is checked a peer is a stranger: every handshake frame is one header of at
+most `MAX_HANDSHAKE_HEADER_BYTES` with no payload, and `timeout_s` bounds the whole exchange
+(not each read), so a peer trickling bytes cannot hold a server thread. The same handshake
+opens the data lanes (`wire.tcp`) and the embedded control bus (`control.embedded`).
 
     .venv/bin/pytest tests/unit/test_wire_auth.py -q
 """
@@ -19,19 +25,20 @@ import logging
 import secrets
 import socket
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from splitlab.wire.errors import AuthError, FrameError
-from splitlab.wire.frame import FrameHeader, encode_frame, frame_bytes, read_frame
+from splitlab.wire.header import Lane, Routing, encode_header, read_header
 
 log = logging.getLogger(__name__)
 
 LABEL = "splitlab-wire-v1"
-
-
+MAX_HANDSHAKE_HEADER_BYTES = 4096  # a hello: four fields of <= 256 characters, JSON-escaped
+_NO_ROUTING = Routing()
 def new_nonce() -> str:
     return secrets.token_hex(16)
 
@@ -69,13 +76,36 @@ class Hello:
     client_nonce: str
 
 
+class _Deadline:
+    """One clock for the whole handshake: each read waits at most what is left of it, and the
+    socket keeps the timeout its owner gave it (an `on_accept` may set a new one)."""
+
+    def __init__(self, sock: socket.socket, timeout_s: float | None) -> None:
+        self.sock, self.timeout_s = sock, timeout_s
+        self.end = None if timeout_s is None else time.monotonic() + timeout_s
+
+    def recv_into(self, view: memoryview, nbytes: int) -> int:
+        if self.end is None:
+            return self.sock.recv_into(view, nbytes)
+        left_s = self.end - time.monotonic()
+        if left_s <= 0:
+            raise TimeoutError(f"handshake took over timeout_s={self.timeout_s}")
+        before_s = self.sock.gettimeout()
+        self.sock.settimeout(left_s if before_s is None else min(left_s, before_s))
+        try:
+            return self.sock.recv_into(view, nbytes)
+        finally:
+            self.sock.settimeout(before_s)
+
+
 def _send(sock: socket.socket, kind: str, **fields: Any) -> None:
-    sock.sendall(frame_bytes(encode_frame(FrameHeader(kind=kind, meta=fields), {})))
+    sock.sendall(encode_header(kind, Lane.ACTIVATION, _NO_ROUTING, None, 0, fields, []))
 
 
-def _recv(sock: socket.socket, kind: str) -> dict[str, Any]:
+def _recv(clock: _Deadline, kind: str) -> dict[str, Any]:
     try:
-        header, _, _ = read_frame(sock.recv_into, max_frame_bytes=0)
+        header = read_header(clock.recv_into, bytearray(4 + MAX_HANDSHAKE_HEADER_BYTES),
+                             max_frame_bytes=0, max_header_bytes=MAX_HANDSHAKE_HEADER_BYTES)  # fmt: skip
     except FrameError as exc:
         raise AuthError(f"handshake: expected {kind!r}: {exc}") from None
     if header.kind == "refuse":
@@ -96,31 +126,37 @@ def _field(meta: dict[str, Any], name: str) -> str:
 
 
 def client_handshake(sock: socket.socket, *, key: bytes, session: str, client_id: str,
-                     server_id: str, lane: str) -> None:  # fmt: skip
-    """Prove the key to the server, then check its proof; raises AuthError on refusal."""
+                     server_id: str, lane: str, timeout_s: float | None = None) -> None:  # fmt: skip
+    """Prove the key to the server, then check its proof; raises AuthError on refusal.
+
+    `timeout_s` bounds the whole handshake (then `TimeoutError`).
+    """
+    clock = _Deadline(sock, timeout_s)
     cn = new_nonce()
     _send(sock, "hello", session=session, client_id=client_id, lane=lane, client_nonce=cn)
-    challenge = _recv(sock, "challenge")
+    challenge = _recv(clock, "challenge")
     sn, got_server = _field(challenge, "server_nonce"), _field(challenge, "server_id")
     if got_server != server_id:
         raise AuthError(f"handshake: expected peer {server_id!r} but {got_server!r} answered")
     ids = dict(session=session, client_id=client_id, server_id=server_id, lane=lane,
                client_nonce=cn, server_nonce=sn)  # fmt: skip
     _send(sock, "proof", proof=proof(key, "client", **ids))
-    accept = _recv(sock, "accept")
+    accept = _recv(clock, "accept")
     if not hmac.compare_digest(_field(accept, "proof"), proof(key, "server", **ids)):
         raise AuthError(f"handshake: peer {server_id!r} does not hold the session key")
 
 
 def server_handshake(sock: socket.socket, *, key: bytes, session: str, server_id: str,
-                     guard: ReplayGuard,
-                     on_accept: Callable[[Hello], None] | None = None) -> Hello:  # fmt: skip
+                     guard: ReplayGuard, on_accept: Callable[[Hello], None] | None = None,
+                     timeout_s: float | None = None) -> Hello:  # fmt: skip
     """Check a connecting client; returns its hello or refuses (logged) with AuthError.
 
     `on_accept` runs before the client hears "accept", so the connection is usable on this
-    side by the time the client's `connect` returns.
+    side by the time the client's `connect` returns. `timeout_s` bounds the whole handshake
+    (then `TimeoutError`).
     """
-    meta = _recv(sock, "hello")
+    clock = _Deadline(sock, timeout_s)
+    meta = _recv(clock, "hello")
     hello = Hello(*(_field(meta, f) for f in ("session", "client_id", "lane", "client_nonce")))
     reason = None
     if hello.session != session:
@@ -132,7 +168,7 @@ def server_handshake(sock: socket.socket, *, key: bytes, session: str, server_id
         ids = dict(session=session, client_id=hello.client_id, server_id=server_id,
                    lane=hello.lane, client_nonce=hello.client_nonce, server_nonce=sn)  # fmt: skip
         _send(sock, "challenge", server_id=server_id, server_nonce=sn)
-        answer = _recv(sock, "proof")
+        answer = _recv(clock, "proof")
         if hmac.compare_digest(_field(answer, "proof"), proof(key, "client", **ids)):
             if on_accept is not None:
                 on_accept(hello)

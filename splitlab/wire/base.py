@@ -11,7 +11,6 @@ views of pooled buffers, valid until `message.release()` (or the end of a `with`
 
 from __future__ import annotations
 
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,11 +19,10 @@ from typing import Any
 
 import torch
 
-from splitlab.errors import WaitTimeoutError
+from splitlab.errors import PeerLostError
 from splitlab.wire.frame import FrameHeader, Lane, Routing
 from splitlab.wire.pool import Lease
-
-DEFAULT_TIMEOUT_S = 30.0
+from splitlab.wire.tickets import DEFAULT_TIMEOUT_S, SENT, SendTicket  # noqa: F401 (re-exported)
 
 
 class Priority(IntEnum):
@@ -71,31 +69,6 @@ class Message:
         self.release()
 
 
-class SendTicket:
-    """Completion of one send; `wait` re-raises the sender's error (e.g. PeerLostError)."""
-
-    __slots__ = ("_event", "_error")
-
-    def __init__(self, *, done: bool = False) -> None:
-        self._event: threading.Event | None = None if done else threading.Event()
-        self._error: BaseException | None = None
-
-    def finish(self, error: BaseException | None = None) -> None:
-        self._error = error
-        if self._event is not None:
-            self._event.set()
-
-    def done(self) -> bool:
-        return self._event is None or self._event.is_set()
-
-    def wait(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-        if self._event is not None and not self._event.wait(timeout_s):
-            raise WaitTimeoutError(f"send not finished within timeout_s={timeout_s}")
-        if self._error is not None:
-            raise self._error
-
-
-SENT = SendTicket(done=True)  # shared ticket for sends finished before `send` returned
 
 
 class InFlight:
@@ -194,7 +167,10 @@ class Transport(ABC):
 
 
 class Channel:
-    """Blocking point-to-point pipe to one peer on one lane (e.g. ring stage -> next stage)."""
+    """Blocking point-to-point pipe to one peer on one lane (e.g. ring stage -> next stage).
+
+    A lost peer is a PeerLostError that starts with `lost <peer>`, whatever the transport.
+    """
 
     def __init__(self, transport: Transport, peer_id: str, lane: Lane, *, timeout_s: float) -> None:
         self.transport, self.peer_id, self.lane, self.timeout_s = (
@@ -214,15 +190,24 @@ class Channel:
         priority: int = Priority.FORWARD,
     ) -> None:
         """Send and wait until the bytes are handed to the network (tensors reusable after)."""
-        ticket = self.transport.send(
-            self.peer_id, self.lane, kind, tensors, meta=meta, routing=routing,
-            priority=priority, timeout_s=self.timeout_s,
-        )  # fmt: skip
-        ticket.wait(self.timeout_s)
+        try:
+            ticket = self.transport.send(
+                self.peer_id, self.lane, kind, tensors, meta=meta, routing=routing,
+                priority=priority, timeout_s=self.timeout_s,
+            )  # fmt: skip
+            ticket.wait(self.timeout_s)
+        except PeerLostError as exc:
+            raise self._lost(f"sending {kind!r}", exc) from exc
 
     def recv(self, *, timeout_s: float | None = None) -> Message:
-        return self.transport.recv(
-            self.lane,
-            timeout_s=self.timeout_s if timeout_s is None else timeout_s,
-            peer_id=self.peer_id,
-        )
+        try:
+            return self.transport.recv(
+                self.lane,
+                timeout_s=self.timeout_s if timeout_s is None else timeout_s,
+                peer_id=self.peer_id,
+            )
+        except PeerLostError as exc:
+            raise self._lost("receiving", exc) from exc
+
+    def _lost(self, what: str, exc: PeerLostError) -> PeerLostError:
+        return PeerLostError(f"lost {self.peer_id} ({self.lane.value} lane) while {what}: {exc}")

@@ -1,7 +1,7 @@
 """Per-process data-plane counters: frames and bytes per lane, copy times, handshakes, pools.
 
 Transports own one `WireCounters`; `snapshot()` merges in their pools' hit/miss/eviction and
-peak-lease figures, and `emit(tracer)` writes the snapshot as one `transport` trace record.
+peak-lease figures, and `emit(tracer)` writes the snapshot as one `TransportRecord`.
 
     .venv/bin/pytest tests/unit/test_wire_inproc.py -q -k counters
 """
@@ -12,6 +12,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from splitlab.telemetry.records import TransportRecord
 from splitlab.telemetry.trace import Tracer
 from splitlab.wire.frame import Lane
 from splitlab.wire.pool import BufferPool
@@ -57,6 +58,8 @@ class WireCounters:
         return out
 
     def emit(
-        self, tracer: Tracer, pools: Mapping[str, BufferPool] | None = None, **fields: Any
+        self, tracer: Tracer, pools: Mapping[str, BufferPool] | None = None, *,
+        transport: str, peer: str, delay: Mapping[str, Any] | None = None,
     ) -> None:
-        tracer.emit("transport", **fields, **self.snapshot(pools))
+        tracer.write(TransportRecord(transport=transport, peer=peer,
+                                     counters=self.snapshot(pools), **(delay or {})))  # fmt: skip

@@ -9,7 +9,6 @@ packets); else 127.0.0.1.
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 from dataclasses import dataclass
 
@@ -66,20 +65,3 @@ def listen(bind_host: str = "127.0.0.1", port: int = 0, *, advertise_host: str |
         raise
     host = advertised_host(bind_host, advertise_host=advertise_host, broker_host=broker_host)
     return sock, Endpoint(bind_host, sock.getsockname()[1], host)
-
-
-def is_loopback(host: str | None) -> bool:
-    """True for localhost, 127.0.0.0/8 and ::1 (with or without a port or brackets)."""
-    if not host:
-        return False
-    name = host.strip().lower()
-    if name.startswith("["):  # [::1]:5000
-        name = name[1:].split("]", 1)[0]
-    elif name.count(":") == 1:  # 127.0.0.1:5000 or localhost:5000
-        name = name.split(":", 1)[0]
-    if name in ("localhost", "localhost.localdomain", "ip6-localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False

@@ -32,6 +32,11 @@ class TruncatedFrameError(FrameError):
     """The byte stream ended inside a frame (a socket reader maps this to PeerLostError)."""
 
 
+class PeerClosedError(TruncatedFrameError):
+    """The peer closed the stream between frames (EOF with no byte of a next frame read): an
+    orderly goodbye, still a lost peer to anyone waiting on it, but not a fault to warn about."""
+
+
 class NonFiniteFrameError(FrameError, NonFiniteError):
     """A floating-point tensor carried NaN or Inf while finiteness was asked for."""
 

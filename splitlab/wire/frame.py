@@ -12,16 +12,15 @@ before any allocation, finiteness when asked) and raises a `FrameError` naming f
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from splitlab.wire.errors import FrameError, NonFiniteFrameError, TruncatedFrameError
+from splitlab.wire.errors import FrameError, NonFiniteFrameError
 from splitlab.wire.header import (
     DEFAULT_MAX_FRAME_BYTES,
-    DTYPE_NAMES,
-    DTYPES,
+    DTYPE_ITEMSIZE,
     MAX_DIM,
     MAX_HEADER_BYTES,
     MAX_RANK,
@@ -31,10 +30,13 @@ from splitlab.wire.header import (
     ROUTING_IDS,
     FrameHeader,
     Lane,
+    RecvInto,
     Routing,
     TensorSpec,
     encode_header,
     parse_header,
+    read_header,
+    recv_exact,
 )
 from splitlab.wire.pool import BufferPool, Lease, unpooled_lease
 
@@ -46,7 +48,20 @@ __all__ = [
     "recv_exact", "tensor_views",
 ]  # fmt: skip
 
-RecvInto = Callable[[memoryview, int], int]
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int8": torch.int8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+assert {k: v.itemsize for k, v in DTYPES.items()} == DTYPE_ITEMSIZE  # one allow-list
+DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 _EMPTY = memoryview(b"")
 
 
@@ -100,33 +115,6 @@ def encode_frame(header: FrameHeader, tensors: Mapping[str, torch.Tensor]) -> li
 def frame_bytes(views: list[memoryview]) -> bytes:
     """One contiguous copy of an encoded frame (message bodies for in-process and AMQP)."""
     return b"".join(views)
-
-
-def recv_exact(recv_into: RecvInto, view: memoryview, *, what: str) -> None:
-    """Fill `view` completely; a stream that ends first raises TruncatedFrameError."""
-    n = len(view)
-    got = 0
-    while got < n:
-        k = recv_into(view[got:], n - got)
-        if not k:
-            raise TruncatedFrameError(what, got, f"stream ended after {got} of {n} bytes")
-        got += k
-
-
-def read_header(
-    recv_into: RecvInto, scratch: bytearray, *, max_frame_bytes: int, have_bytes: int = 0
-) -> FrameHeader:
-    """Read and validate the length prefix and JSON header (nothing is allocated for tensors).
-
-    `have_bytes` prefix bytes may already sit at the start of `scratch` (a non-blocking probe).
-    """
-    mv = memoryview(scratch)
-    recv_exact(recv_into, mv[have_bytes:4], what="prefix")
-    (n,) = PREFIX.unpack_from(scratch)
-    if not 0 < n <= MAX_HEADER_BYTES:
-        raise FrameError("header_bytes", n, f"must be 1..{MAX_HEADER_BYTES}")
-    recv_exact(recv_into, mv[4 : 4 + n], what="header")
-    return parse_header(mv[4 : 4 + n], max_frame_bytes=max_frame_bytes)
 
 
 def read_payload(

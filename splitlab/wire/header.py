@@ -8,7 +8,9 @@ routing ids through one reusable encoder), so a frame costs no dict building; pa
 every field (version, kind, lane, src, ids, meta, dtype allow-list, rank 1..8, dimensions,
 byte counts, total size before any allocation) in one pass and raises a `FrameError` naming the
 field and value. The template and the parser are two views of one schema: the round-trip and
-fuzz tests in test_wire_frame.py hold them together.
+fuzz tests in test_wire_frame.py hold them together. `read_header` reads one header from a
+stream. Nothing here imports torch (the control plane reads these frames too); the torch dtype
+table lives in `frame.py`.
 
     .venv/bin/pytest tests/unit/test_wire_frame.py -q
 """
@@ -17,15 +19,17 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
 from json.encoder import encode_basestring_ascii as _quote
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import torch
+from splitlab.wire.errors import FrameError, TruncatedFrameError
 
-from splitlab.wire.errors import FrameError
+if TYPE_CHECKING:
+    import torch
 
 PROTOCOL_VERSION = 1
 MAX_HEADER_BYTES = 16 * 1024
@@ -36,20 +40,12 @@ DEFAULT_MAX_FRAME_BYTES = 1 << 30
 PREFIX = struct.Struct(">I")
 _I64 = (-(1 << 63), (1 << 63) - 1)
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "int8": torch.int8,
-    "int16": torch.int16,
-    "int32": torch.int32,
-    "int64": torch.int64,
-    "uint8": torch.uint8,
-    "bool": torch.bool,
-}
-DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
-_ITEMSIZE = {name: dt.itemsize for name, dt in DTYPES.items()}
+# The dtype allow-list: wire name -> bytes per element (frame.DTYPES maps the names to torch).
+DTYPE_ITEMSIZE: dict[str, int] = {
+    "float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int8": 1, "int16": 2,
+    "int32": 4, "int64": 8, "uint8": 1, "bool": 1,
+}  # fmt: skip
+_ITEMSIZE = DTYPE_ITEMSIZE
 ROUTING_IDS = ("session", "window", "microbatch", "owner", "worker", "stage", "token")
 _INT_IDS = frozenset(ROUTING_IDS[1:])
 
@@ -58,10 +54,14 @@ _DECODER = json.JSONDecoder()
 
 
 class Lane(StrEnum):
-    """Separate sockets, queues and pools, so a full activation lane never blocks a gradient."""
+    """Separate sockets, queues and pools, so a full lane never blocks another: a full
+    activation lane never blocks a gradient, a multi-megabyte KV migration never delays the
+    ring's hidden states, and the control star's small frames never wait behind either."""
 
-    ACTIVATION = "activation"
-    GRADIENT = "gradient"
+    ACTIVATION = "activation"  # forward activations; the ring's hidden states and token ids
+    GRADIENT = "gradient"  # backward gradients
+    KV = "kv"  # KV cache migrating between neighbouring ring stages
+    CONTROL = "control"  # control messages (kind + JSON meta, no tensors)
 
 
 _LANES = {lane.value: lane for lane in Lane}
@@ -96,6 +96,8 @@ class TensorSpec(NamedTuple):
 
     @property
     def key(self) -> tuple[torch.dtype, tuple[int, ...]]:
+        from splitlab.wire.frame import DTYPES  # torch only where tensors are made
+
         return DTYPES[self.dtype], self.shape
 
 
@@ -158,8 +160,50 @@ def encode_header(kind: str, lane: Lane, routing: Routing, src: str | None, prio
     parts.append("]}")
     text = "".join(parts).encode()
     if len(text) > MAX_HEADER_BYTES:
-        raise FrameError("header_bytes", len(text), f"header over {MAX_HEADER_BYTES} bytes")
+        raise FrameError("header_bytes", len(text), f"over the {MAX_HEADER_BYTES}-byte header cap")
     return PREFIX.pack(len(text)) + text
+
+
+RecvInto = Callable[[memoryview, int], int]
+
+
+def header_length(prefix: bytes | bytearray | memoryview, max_header_bytes: int = MAX_HEADER_BYTES) -> int:  # fmt: skip
+    """The header length a frame's 4-byte prefix announces, checked against the cap."""
+    (n,) = PREFIX.unpack_from(prefix)
+    if not 0 < n <= max_header_bytes:
+        raise FrameError("header_bytes", n, f"must be 1..{max_header_bytes}: over the header cap")
+    return n
+
+
+def recv_exact(recv_into: RecvInto, view: memoryview, *, what: str) -> None:
+    """Fill `view` completely; a stream that ends first raises TruncatedFrameError."""
+    n = len(view)
+    got = 0
+    while got < n:
+        k = recv_into(view[got:], n - got)
+        if not k:
+            raise TruncatedFrameError(what, got, f"stream ended after {got} of {n} bytes")
+        got += k
+
+
+def read_header(
+    recv_into: RecvInto,
+    scratch: bytearray,
+    *,
+    max_frame_bytes: int,
+    have_bytes: int = 0,
+    max_header_bytes: int = MAX_HEADER_BYTES,
+) -> FrameHeader:
+    """Read and validate the length prefix and JSON header (nothing is allocated for tensors).
+
+    `have_bytes` prefix bytes may already sit at the start of `scratch` (a non-blocking probe).
+    `max_header_bytes` below the cap bounds what an unauthenticated peer can make us read.
+    """
+    mv = memoryview(scratch)
+    recv_exact(recv_into, mv[have_bytes:4], what="prefix")
+    n = header_length(scratch, max_header_bytes)
+    recv_exact(recv_into, mv[4 : 4 + n], what="header")
+    return parse_header(mv[4 : 4 + n], max_frame_bytes=max_frame_bytes)
 
 
 def parse_header(text: bytes | bytearray | memoryview, *,
@@ -244,7 +288,7 @@ def _tensor_specs(items: Any, max_frame_bytes: int) -> tuple[TensorSpec, ...]:
         itemsize = _ITEMSIZE.get(dtype) if type(dtype) is str else None  # type: ignore[arg-type]
         if itemsize is None:
             raise FrameError(
-                f"tensors[{i}].dtype", dtype, f"not in the allow-list {sorted(DTYPES)}"
+                f"tensors[{i}].dtype", dtype, f"not in the allow-list {sorted(DTYPE_ITEMSIZE)}"
             )
         if type(shape) is not list or not 1 <= len(shape) <= MAX_RANK:
             raise FrameError(f"tensors[{i}].shape", shape, f"must be a list of 1..{MAX_RANK} dims")

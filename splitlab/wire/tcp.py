@@ -1,19 +1,26 @@
 """TCP tensor transport: persistent authenticated connections, one socket per (peer, lane).
 
-Each process listens once; `connect` opens one socket per lane to a peer and authenticates it
-(auth.py); accepted sockets are authenticated on a helper thread. Sockets run with TCP_NODELAY,
-a receive timeout of `stall_timeout_s` (a peer that stalls mid-frame is dropped) and a send
-timeout per call. Sending (tcp_conn.py): a frame on an idle lane is written from the caller's
-thread with non-blocking `sendmsg` of header and tensor views (no copies; what the socket
-does not take at once goes to the sender thread, so `send` never waits for the peer to read);
-a busy lane queues it by priority (backward before forward) in a bounded queue drained by a
-sender thread. Frames up to `inline_max_bytes` may go inline; `inline_max_bytes=0` always queues, so
-`send` returns at once. Receiving is pulled by the caller: `recv` reads the next frame of a
-lane from a ready socket through its read-ahead buffer into a pooled buffer (tcp_reader.py),
-waiting with `poll` only when nothing is buffered. The lane's own sockets, kernel buffers, send
-queues and pool are the receive queue, so a lane that nobody drains fills up and pushes back on
-its senders without touching the other lane. A closed or reset peer raises PeerLostError
-naming it; every wait is bounded.
+Each process listens once; `connect` opens one socket per lane (or per lane asked for) to a
+peer, retrying a peer that is still starting for up to `retry_s`, and authenticates it
+(auth.py); accepted sockets are authenticated on a helper thread, at most `max_handshakes` at
+once (wire/accept.py: beyond that a connection is closed at once), and `wait_connected` waits
+for a peer that dials us. Sockets run with TCP_NODELAY, a receive timeout of
+`stall_timeout_s` (a peer that stalls mid-frame is dropped) and a send timeout per call.
+Sending (tcp_conn.py): a frame on an idle lane is written from the caller's thread with
+non-blocking `sendmsg` of header and tensor views (no copies; what the socket does not take at
+once goes to the sender thread, so `send` never waits for the peer to read); a busy lane
+queues it by priority (backward before forward) in a bounded queue drained by a sender
+thread. Frames up to `inline_max_bytes` may go inline; `inline_max_bytes=0` always queues, so
+`send` returns at once. With a `delay` line (a testbed link's one-way delay, wire/delay.py)
+every frame takes that path at its due time instead, in order. Receiving is pulled by the
+caller: `recv` reads the next frame of a lane (from one peer, if asked) from a ready socket
+through its read-ahead buffer into a pooled buffer (tcp_reader.py), waiting in that socket's
+`recv` when it is the only one to read and with `poll` otherwise. The lane's own sockets,
+kernel buffers, send queues and pool are the receive queue, so a lane that nobody drains fills
+up and pushes back on its senders without touching the other lanes. A closed or reset peer
+raises PeerLostError naming it (one pending loss per peer and lane); every wait is bounded.
+Peers that connect and leave never wedge a lane: a new connection lets go of the lane's
+connections whose peers closed between frames, and waking a reader never waits.
 
     .venv/bin/pytest tests/integration/test_wire_tcp.py -q
 """
@@ -25,27 +32,30 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 
 from splitlab.errors import PeerLostError, ProtocolError, WaitTimeoutError
 from splitlab.telemetry.trace import Tracer
+from splitlab.wire.accept import MAX_HANDSHAKES, Acceptor, Done
 from splitlab.wire.auth import ReplayGuard, client_handshake, server_handshake
 from splitlab.wire.base import DEFAULT_TIMEOUT_S, Message, Priority, SendTicket, Transport
 from splitlab.wire.counters import WireCounters
+from splitlab.wire.delay import DelayLine
 from splitlab.wire.endpoint import WILDCARDS, listen
 from splitlab.wire.errors import (
     FrameError,
     NonFiniteFrameError,
+    PeerClosedError,
     PoolExhaustedError,
     TruncatedFrameError,
 )
 from splitlab.wire.frame import Lane, Routing, encode_parts
 from splitlab.wire.pool import BufferPool
 from splitlab.wire.staging import Pinned, Stager
-from splitlab.wire.tcp_conn import Connection, shutdown, timeval
+from splitlab.wire.tcp_conn import Connection, timeval
 from splitlab.wire.tcp_reader import WAIT_SLICE_S, FrameReader
 
 log = logging.getLogger(__name__)
@@ -74,8 +84,10 @@ class TcpTransport(Transport):
         check_finite: bool = False,
         stall_timeout_s: float = 60.0,
         handshake_timeout_s: float = 10.0,
+        max_handshakes: int = MAX_HANDSHAKES,
         pinned: Pinned | str = Pinned.AUTO,
         tracer: Tracer | None = None,
+        delay: DelayLine | None = None,
     ) -> None:
         self.peer_id, self.session = peer_id, session
         self._key = key.encode() if isinstance(key, str) else bytes(key)
@@ -85,6 +97,7 @@ class TcpTransport(Transport):
         self.check_finite, self.stall_timeout_s = check_finite, stall_timeout_s
         self.handshake_timeout_s = handshake_timeout_s
         self.tracer = tracer or Tracer.null()
+        self.delay = delay  # a testbed link's one-way delay, where the kernel cannot add it
         self._counters = WireCounters()
         self._stager = Stager(pinned=pinned, pool_bytes=pool_bytes, counters=self._counters)
         self._pools = {
@@ -101,43 +114,38 @@ class TcpTransport(Transport):
         # Read without the lock on the hot path; rebuilt under it whenever connections change.
         self._send_to: dict[tuple[str, Lane], Connection] = {}
         self._by_lane: dict[Lane, tuple[Connection, ...]] = {lane: () for lane in Lane}
+        self._from_peer: dict[tuple[str, Lane], tuple[Connection, ...]] = {}
         self._lost: dict[str, str] = {}
         self._unreported: dict[Lane, list[str]] = {lane: [] for lane in Lane}
         self._wake = {lane: socket.socketpair() for lane in Lane}
-        for r, _ in self._wake.values():
+        for r, w in self._wake.values():
             r.setblocking(False)
+            w.setblocking(False)  # a full pipe already holds a wake-up: never wait to add one
         self._closed = False
-        self._helpers: list[threading.Thread] = []
-        self._listener, self.endpoint = listen(
+        listener, self.endpoint = listen(
             bind_host, port, advertise_host=advertise_host, broker_host=broker_host
         )
-        self._listener.settimeout(0.25)
-        self._accepter = threading.Thread(
-            target=self._accept_loop, name=f"wire-accept-{peer_id}", daemon=True
-        )
-        self._accepter.start()
+        self._acceptor = Acceptor(listener, self._serve_handshake, name=f"wire-{peer_id}",
+                                  max_handshakes=max_handshakes).start()  # fmt: skip
 
     @property
     def address(self) -> tuple[str, int]:
         return self.endpoint.address
 
     # ---- connections ----
-    def connect(
-        self, peer_id: str, host: str = "", port: int = 0, *, timeout_s: float = 10.0
-    ) -> None:
+    def connect(self, peer_id: str, host: str = "", port: int = 0, *, timeout_s: float = 10.0,
+                lanes: Iterable[Lane] | None = None, retry_s: float = 0.0) -> None:  # fmt: skip
+        """Open one authenticated socket per lane to `peer_id` (every lane, or only `lanes`).
+
+        A refused or unreachable address is retried with backoff for up to `retry_s` (a peer
+        that is still starting); past that, WaitTimeoutError names the address.
+        """
         source = None if self.bind_host in WILDCARDS else (self.bind_host, 0)
-        for lane in Lane:
-            try:
-                sock = socket.create_connection(
-                    (host, port), timeout=timeout_s, source_address=source
-                )
-            except OSError as exc:
-                raise PeerLostError(
-                    f"cannot connect to peer {peer_id!r} at {host}:{port}: {exc}"
-                ) from None
+        for lane in tuple(Lane) if lanes is None else tuple(lanes):
+            sock = self._dial(peer_id, host, port, source, timeout_s=timeout_s, retry_s=retry_s)
             try:
                 client_handshake(sock, key=self._key, session=self.session, client_id=self.peer_id,
-                                 server_id=peer_id, lane=lane.value)  # fmt: skip
+                                 server_id=peer_id, lane=lane.value, timeout_s=timeout_s)  # fmt: skip
             except (ProtocolError, OSError) as exc:
                 sock.close()
                 self._counters.add("auth_refused")
@@ -148,23 +156,49 @@ class TcpTransport(Transport):
                 ) from None
             self._register(peer_id, lane, sock)
 
-    def _accept_loop(self) -> None:
-        while not self._closed:
+    @staticmethod
+    def _dial(peer_id: str, host: str, port: int, source: tuple[str, int] | None, *,
+              timeout_s: float, retry_s: float) -> socket.socket:  # fmt: skip
+        deadline = time.monotonic() + retry_s
+        delay_s = 0.05
+        while True:
             try:
-                sock, _ = self._listener.accept()
-            except OSError:  # timeout tick, or the listener closed
-                continue
-            t = threading.Thread(target=self._serve_handshake, args=(sock,), daemon=True)
-            t.start()
-            self._helpers = [h for h in self._helpers if h.is_alive()] + [t]
+                return socket.create_connection((host, port), timeout=timeout_s,
+                                                source_address=source)  # fmt: skip
+            except OSError as exc:
+                if time.monotonic() + delay_s > deadline:
+                    if retry_s <= 0:
+                        raise PeerLostError(
+                            f"cannot connect to peer {peer_id!r} at {host}:{port}: {exc}"
+                        ) from None
+                    raise WaitTimeoutError(
+                        f"cannot connect to peer {peer_id!r} at {host}:{port} within "
+                        f"retry_s={retry_s} ({exc}): is it started and bound to that address?"
+                    ) from None
+            time.sleep(delay_s)
+            delay_s = min(1.0, delay_s * 1.5)
 
-    def _serve_handshake(self, sock: socket.socket) -> None:
+    def wait_connected(self, peer_id: str, lanes: Iterable[Lane], *, timeout_s: float) -> None:
+        """Return once `peer_id` has a connection on each of `lanes` (it dialled us, or we it).
+
+        Raises:
+            WaitTimeoutError: a lane still has no connection after timeout_s (named).
+            PeerLostError: the peer's connection was lost meanwhile.
+        """
+        deadline = time.monotonic() + timeout_s
+        for lane in lanes:
+            self._send_conn(peer_id, lane, max(deadline - time.monotonic(), 0.0))
+
+    def _serve_handshake(self, sock: socket.socket, done: Done) -> None:
+        """An accepted socket (on its own thread): authenticate it, then hand it to the lanes."""
         sock.settimeout(self.handshake_timeout_s)
         try:
             server_handshake(
                 sock, key=self._key, session=self.session, server_id=self.peer_id, guard=self._guard,
                 on_accept=lambda hello: self._register(hello.client_id, Lane(hello.lane), sock),
+                timeout_s=self.handshake_timeout_s,
             )  # fmt: skip
+            done()
         except (ProtocolError, OSError, ValueError) as exc:
             self._counters.add("auth_refused")
             log.debug("data connection not accepted: %s", exc)
@@ -180,6 +214,9 @@ class TcpTransport(Transport):
                              stall_timeout_s=self.stall_timeout_s)  # fmt: skip
         conn = Connection(peer, lane, sock, max_queued=self.send_queue_frames, reader=reader,
                           counters=self._counters, on_lost=self._forget)  # fmt: skip
+        for old in self._by_lane[lane]:  # peers gone from an undrained lane do not pile up
+            if old.ended_quietly():
+                old.lost(PeerClosedError("prefix", 0, "connection closed by the peer"))
         with self._cond:
             if self._closed:
                 sock.close()
@@ -189,12 +226,24 @@ class TcpTransport(Transport):
             self._reindex()
             self._cond.notify_all()
         self._counters.add("auth_ok")
-        self._wake[lane][1].send(b"\0")
+        self._nudge(lane)
+
+    def _nudge(self, lane: Lane) -> None:
+        """Wake a `recv` waiting on `lane`; a pipe already full holds a wake-up, so drop this."""
+        try:
+            self._wake[lane][1].send(b"\0")
+        except OSError:
+            pass
 
     def _reindex(self) -> None:
         """Rebuild the lock-free lookups (caller holds the lock); the newest socket wins."""
         self._send_to = {(c.peer, c.lane): c for cs in self._conns.values() for c in cs}
         self._by_lane = {lane: tuple(cs) for lane, cs in self._conns.items()}
+        from_peer: dict[tuple[str, Lane], list[Connection]] = {}
+        for lane, cs in self._conns.items():
+            for c in cs:
+                from_peer.setdefault((c.peer, lane), []).append(c)
+        self._from_peer = {k: tuple(v) for k, v in from_peer.items()}
 
     def _forget(self, conn: Connection) -> None:
         with self._cond:
@@ -205,13 +254,17 @@ class TcpTransport(Transport):
                 if not isinstance(conn.error, PeerLostError):
                     why = f"peer {conn.peer!r} dropped on the {conn.lane.value} lane: {why}"
                 self._lost[conn.peer] = why
+                self._drop_unreported(conn.lane, conn.peer)  # one pending loss per peer
                 self._unreported[conn.lane].append(why)
                 self._counters.add("peers_lost")
-                log.warning("%s", why)
-        try:
-            self._wake[conn.lane][1].send(b"\0")
-        except OSError:
-            pass
+                # a close between frames is how a peer says goodbye at the end of a run
+                log.log(logging.INFO if conn.closed_by_peer else logging.WARNING, "%s", why)
+        self._nudge(conn.lane)
+
+    def _drop_unreported(self, lane: Lane, peer: str) -> None:
+        """Forget `peer`'s pending loss on `lane` (caller holds the lock)."""
+        unreported = self._unreported[lane]
+        unreported[:] = [w for w in unreported if not w.startswith(f"peer {peer!r}")]
 
     def _send_conn(self, peer: str, lane: Lane, timeout_s: float) -> Connection:
         deadline = time.monotonic() + timeout_s
@@ -245,6 +298,15 @@ class TcpTransport(Transport):
         priority: int = Priority.FORWARD,
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> SendTicket:
+        args = (peer_id, lane, kind, tensors, meta, routing, priority, timeout_s)
+        if self.delay is not None:
+            return self.delay.submit((peer_id, lane), peer_id, lambda: self._send(*args),
+                                     timeout_s=timeout_s)  # fmt: skip
+        return self._send(*args)
+
+    def _send(self, peer_id: str, lane: Lane, kind: str, tensors: Mapping[str, torch.Tensor],
+              meta: dict[str, Any] | None, routing: Routing | None, priority: int,
+              timeout_s: float) -> SendTicket:  # fmt: skip
         conn = self._send_to.get((peer_id, lane))
         if conn is None or conn.error is not None:
             conn = self._send_conn(peer_id, lane, timeout_s)
@@ -273,9 +335,10 @@ class TcpTransport(Transport):
         deadline = time.monotonic() + timeout_s
         while True:
             conns = self._recv_conns(lane, peer_id)
-            # The lane's only socket: wait in its recv, one slice at a time (no poll, no wake-up
-            # hand-off); a peer connecting meanwhile is seen within a slice.
-            block = len(self._by_lane[lane]) == 1 and deadline - time.monotonic() > WAIT_SLICE_S
+            # The only socket to read (the lane's, or the asked peer's on it): wait in its recv,
+            # one slice at a time (no poll, no wake-up hand-off); a peer connecting meanwhile
+            # is seen within a slice.
+            block = len(conns) == 1 and deadline - time.monotonic() > WAIT_SLICE_S
             for conn in conns:
                 if conn.read_lock.acquire(blocking=False):
                     try:
@@ -312,10 +375,13 @@ class TcpTransport(Transport):
                     pass
 
     def _recv_conns(self, lane: Lane, peer: str | None) -> tuple[Connection, ...]:
+        if peer is not None:  # one peer's sockets on the lane, whatever else the lane holds
+            conns = self._from_peer.get((peer, lane))
+            if conns is None or self._closed:
+                return self._recv_conns_slow(lane, peer)
+            return conns
         conns = self._by_lane[lane]
-        if self._closed or self._unreported[lane] or len(conns) > 1 or (peer and not conns):
-            return self._recv_conns_slow(lane, peer)
-        if peer is not None and conns and conns[0].peer != peer:
+        if self._closed or self._unreported[lane] or len(conns) > 1:
             return self._recv_conns_slow(lane, peer)
         return conns
 
@@ -352,6 +418,11 @@ class TcpTransport(Transport):
             return None
         header, tensors, lease, nbytes = got
         self._counters.received(conn.lane, nbytes)
+        if conn.reader.last_stream is not None:  # a frame timed as it crossed the link
+            streamed, ms = conn.reader.last_stream
+            self._counters.add(f"rx.{conn.peer}.stream_bytes", streamed)
+            self._counters.add(f"rx.{conn.peer}.stream_ms", ms)
+            self._counters.add(f"rx.{conn.peer}.stream_frames")
         return Message(header, tensors, lease, conn.peer)
 
     def _lose(self, conn: Connection, exc: BaseException) -> BaseException:
@@ -359,8 +430,7 @@ class TcpTransport(Transport):
             exc = TimeoutError(f"stalled mid-frame for stall_timeout_s={self.stall_timeout_s}")
         error = conn.lost(exc)
         with self._cond:  # the caller sees this loss now; do not report it twice
-            unreported = self._unreported[conn.lane]
-            unreported[:] = [w for w in unreported if not w.startswith(f"peer {conn.peer!r}")]
+            self._drop_unreported(conn.lane, conn.peer)
         return error
 
     def connections(self) -> list[dict[str, Any]]:
@@ -392,6 +462,8 @@ class TcpTransport(Transport):
             if self._closed:
                 return
             conns = [c for cs in self._conns.values() for c in cs]
+        if self.delay is not None:
+            self.delay.close(drain_timeout_s=drain_timeout_s)
         for conn in conns:
             conn.drain(drain_timeout_s)
         with self._cond:
@@ -400,15 +472,14 @@ class TcpTransport(Transport):
             for cs in self._conns.values():
                 cs.clear()
             self._cond.notify_all()
-        shutdown(self._listener)
-        self._listener.close()
-        self._accepter.join(timeout=5)
+        self._acceptor.close()
         for conn in conns:
             conn.close()
-        for t in self._helpers:
-            t.join(timeout=5)
-        for r, w in self._wake.values():
-            w.send(b"\0")
+        self._acceptor.join()
+        for lane, (r, w) in self._wake.items():
+            self._nudge(lane)
             r.close()
             w.close()
-        self._counters.emit(self.tracer, self._pools, transport="tcp", peer=self.peer_id)
+        delay = self.delay.describe() if self.delay is not None else None
+        self._counters.emit(self.tracer, self._pools, transport="tcp", peer=self.peer_id,
+                            delay=delay)  # fmt: skip

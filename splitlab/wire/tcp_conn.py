@@ -12,7 +12,9 @@ raises WaitTimeoutError. The sender thread starts on first use.
 
 Receiving is the caller's (see tcp.py): the `FrameReader` here holds the read-ahead buffer and
 `read_lock` makes one reader at a time. A send or read error marks the connection lost once,
-fails its queued sends with PeerLostError naming the peer, and tells the transport.
+fails its queued sends with PeerLostError naming the peer, and tells the transport; a peer that
+closed between frames (`closed_by_peer`) is told apart from one lost mid-frame, and
+`ended_quietly` finds such a peer without reading, so a lane nobody drains can let it go.
 
     .venv/bin/pytest tests/integration/test_wire_tcp.py -q
 """
@@ -30,7 +32,7 @@ from collections.abc import Callable
 from splitlab.errors import PeerLostError, ProtocolError, WaitTimeoutError
 from splitlab.wire.base import SENT, SendTicket
 from splitlab.wire.counters import WireCounters
-from splitlab.wire.errors import TruncatedFrameError
+from splitlab.wire.errors import PeerClosedError, TruncatedFrameError
 from splitlab.wire.frame import Lane
 from splitlab.wire.pool import Lease
 from splitlab.wire.tcp_reader import FrameReader
@@ -92,6 +94,7 @@ class Connection:
         self.max_queued, self.counters, self.on_lost = max_queued, counters, on_lost
         self.read_lock = threading.Lock()
         self.error: PeerLostError | ProtocolError | None = None
+        self.closed_by_peer = False  # the peer closed between frames: a goodbye, not a fault
         self._send_timeout_s: float | None = None
         self._cond = threading.Condition()
         self._heap: list[tuple[int, int, _Job]] = []
@@ -186,11 +189,31 @@ class Connection:
                 self._cond.notify_all()
 
     # ---- failure and shutdown ----
+    def ended_quietly(self) -> bool:
+        """True when the peer closed between frames and nothing of it is left to read (looked
+        at without waiting; False while another thread reads)."""
+        if self.error is not None or not self.read_lock.acquire(blocking=False):
+            return False
+        try:
+            if self.reader.pending is not None or self.reader.buffered:
+                return False
+            try:
+                return self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+            except OSError:  # nothing yet (still open), or reset: left to the reader
+                return False
+        finally:
+            self.read_lock.release()
+
     def lost(self, exc: BaseException) -> PeerLostError | ProtocolError:
         """Mark the connection dead (once), fail queued sends, and return the error to raise."""
         with self._cond:
             if self.error is None:
-                if isinstance(exc, ProtocolError) and not isinstance(exc, TruncatedFrameError):
+                if isinstance(exc, PeerClosedError):
+                    self.closed_by_peer = True
+                    self.error = PeerLostError(
+                        f"peer {self.peer!r} closed the {self.lane.value} lane"
+                    )
+                elif isinstance(exc, ProtocolError) and not isinstance(exc, TruncatedFrameError):
                     self.error = exc
                 else:
                     self.error = PeerLostError(

@@ -11,23 +11,40 @@ re-checks its deadline and the lane between slices); once a frame has started, r
 slice after slice until `stall_timeout_s` passes without a byte, so a peer that stalls
 mid-frame surfaces as an error rather than a hang.
 
+A frame whose payload still has to cross the link when its header is read is timed
+(`last_stream`): the bytes that arrive while the reader waits (the rest of the payload less
+what the kernel had already queued, FIONREAD) over that wait. On a shaped link the sender has
+the whole frame in flight, so this is the link's rate; frames under `STREAM_MIN_BYTES` (or
+mostly queued already) are not timed, since a token bucket's burst passes them at line speed.
+
     .venv/bin/pytest tests/unit/test_wire_reader.py -q
 """
 
 from __future__ import annotations
 
+import array
+import fcntl
 import socket
+import termios
 import time
 
 import torch
 
-from splitlab.wire.errors import FrameError, TruncatedFrameError
+from splitlab.wire.errors import FrameError, PeerClosedError, TruncatedFrameError
 from splitlab.wire.frame import MAX_HEADER_BYTES, PREFIX, FrameHeader, check_payload, parse_header
 from splitlab.wire.pool import BufferPool, Lease
 
 READ_AHEAD_BYTES = 4 + MAX_HEADER_BYTES + (16 << 10)  # a largest header, or several small frames
 WAIT_SLICE_S = 0.02  # SO_RCVTIMEO of data sockets: how often a blocked reader looks up
+STREAM_MIN_BYTES = 128 << 10  # time a frame's arrival only when this much crosses the link
 _WAITALL = socket.MSG_WAITALL
+
+
+def queued_bytes(sock: socket.socket) -> int:
+    """Bytes the kernel has received on `sock` that no read has taken yet (FIONREAD)."""
+    out = array.array("i", [0])
+    fcntl.ioctl(sock.fileno(), termios.FIONREAD, out, True)
+    return int(out[0])
 
 
 class FrameReader:
@@ -43,6 +60,7 @@ class FrameReader:
         self._start = self._end = 0  # unread bytes are _buf[_start:_end]
         self.pending: FrameHeader | None = None  # header read, payload not yet (pool was full)
         self.pending_bytes = 0  # wire size of the pending frame's prefix and header
+        self.last_stream: tuple[int, float] | None = None  # the last read's (bytes, ms) timed
 
     @property
     def buffered(self) -> int:
@@ -55,8 +73,9 @@ class FrameReader:
 
         Raises FrameError (the stream is out of step: drop the connection), NonFiniteFrameError
         (the frame was read whole, the stream is still in step), PoolExhaustedError (the header
-        stays pending and the next call resumes with its payload), TruncatedFrameError or
-        OSError (the peer closed, reset or stalled past the receive timeout).
+        stays pending and the next call resumes with its payload), PeerClosedError (the peer
+        closed between frames), TruncatedFrameError or OSError (the peer closed mid-frame, reset
+        or stalled past the receive timeout).
         """
         header = self.pending
         if header is None:
@@ -65,6 +84,11 @@ class FrameReader:
                 return None
         specs = header.tensors
         lease = pool.lease([s.key for s in specs], timeout_s=timeout_s)
+        self.last_stream = None
+        to_come = sum(s.nbytes for s in specs) - (self._end - self._start)
+        started_s = time.perf_counter()
+        if to_come >= STREAM_MIN_BYTES:
+            to_come -= queued_bytes(self.sock)
         try:
             tensors = {}
             size = self.pending_bytes
@@ -82,6 +106,8 @@ class FrameReader:
             if self._start == self._end:
                 self._start = self._end = 0
             self.pending = None  # the frame is consumed whole: the stream is in step again
+            if to_come >= STREAM_MIN_BYTES:
+                self.last_stream = (to_come, (time.perf_counter() - started_s) * 1e3)
             check_payload(tensors, check_finite=self.check_finite)
         except BaseException:
             lease.release()
@@ -120,6 +146,8 @@ class FrameReader:
                 last = self._check_stall(last)
                 continue
             if not k:
+                if self._end == self._start:  # at a frame boundary: the peer said goodbye
+                    raise PeerClosedError("prefix", 0, "connection closed by the peer")
                 what = "prefix" if self._end - self._start < 4 else "header"
                 raise TruncatedFrameError(
                     what, self._end - self._start, "connection closed by the peer"

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from splitlab.cli import CONF_DIR, compose_config, load_resolved_config
 from splitlab.config import schema
-from splitlab.config.enums import ArchitectureName, Family, TaskName
+from splitlab.config.enums import ArchitectureName, TaskName
+from splitlab.config.load import CONF_DIR
+from splitlab.configure import compose_config, load_resolved_config
 
 GROUPS = [
     "task",
@@ -25,12 +26,16 @@ GROUPS = [
     "data",
     "drift",
     "planner",
+    "testbed",
+    "logger",
 ]
 
 # Options that only make sense with a different companion choice.
 COMPANIONS: dict[tuple[str, str], list[str]] = {
     ("architecture", "ring"): ["task=infer"],
     ("task", "analyze"): ["task.run_dir=/tmp/some-run"],
+    # inproc runs no task's processes (refused elsewhere, tests/config/test_validate.py)
+    ("transport", "inproc"): ["task=analyze", "task.run_dir=/tmp/some-run"],
     ("data", "gsm_symbolic"): ["model=tiny_llama"],
     ("data", "gsm8k"): ["model=tiny_gpt2"],
     ("data", "emotion"): ["model.num_labels=6"],
@@ -68,10 +73,10 @@ def test_option_composes(group: str, option: str) -> None:
 def test_default_is_the_main_job() -> None:
     cfg = compose_config()
     assert cfg.task.name is TaskName.finetune
-    assert cfg.model.name == "minilm" and cfg.model.family is Family.bert
+    assert cfg.model.name == "minilm" and cfg.model.family == "bert"
     assert isinstance(cfg.architecture, schema.UShapeConfig)
     assert (cfg.architecture.owners, cfg.architecture.workers) == (2, 1)
-    assert cfg.transport.name.value == "tcp" and cfg.control.name.value == "embedded"
+    assert cfg.transport.name == "tcp" and cfg.control.name == "embedded"
     assert cfg.data.name == "rotten_tomatoes" and cfg.data.distribution.value == "dirichlet"
 
 
@@ -117,10 +122,52 @@ def test_cli_prints_the_composed_config() -> None:
         ("transport.port=abc", "transport.port"),
         ("transport.prot=1", "transport.prot"),
         ("architecture.owners=two", "architecture.owners"),
-        ("transport.name=carrier_pigeon", "transport.name"),
     ],
 )
 def test_cli_refuses_bad_keys_naming_them(override: str, named: str) -> None:
     result = _cli(override, "--cfg", "job")
     assert result.returncode != 0
     assert named in result.stdout + result.stderr
+
+
+def test_cli_refuses_an_unregistered_name_naming_the_key() -> None:
+    # Names are checked against their registry at validation, which `--cfg job` skips.
+    result = _cli("transport.name=carrier_pigeon")
+    assert result.returncode != 0
+    assert "transport.name" in result.stdout + result.stderr
+
+
+def test_planner_option_round_trips_with_its_own_schema(tmp_path: Path) -> None:
+    from omegaconf import OmegaConf
+
+    cfg = compose_config(["task=infer", "planner=forced_shift", "planner.at_token=7"])
+    path = tmp_path / "config.yaml"
+    OmegaConf.save(OmegaConf.structured(cfg), path)
+    again = load_resolved_config(path)
+    assert isinstance(again.planner, schema.ForcedShiftPlannerConfig) and again == cfg
+
+
+def test_logger_group_selects_several_and_round_trips(tmp_path: Path) -> None:
+    from omegaconf import OmegaConf
+
+    assert compose_config().logger == schema.LoggerConfig(csv=schema.CsvLoggerConfig())
+    cfg = compose_config(["logger=[csv,tensorboard,mlflow]", "logger.mlflow.experiment=e1"])
+    assert cfg.logger.tensorboard == schema.TensorboardLoggerConfig()
+    assert cfg.logger.mlflow is not None and cfg.logger.mlflow.experiment == "e1"
+    assert compose_config(["logger=[]"]).logger == schema.LoggerConfig()
+    path = tmp_path / "config.yaml"
+    OmegaConf.save(OmegaConf.structured(cfg), path)
+    assert load_resolved_config(path) == cfg
+
+
+def test_cli_refuses_an_unknown_logger_naming_the_known_ones() -> None:
+    result = _cli("logger=[csv,wandb]", "--cfg", "job")
+    assert result.returncode == 2
+    assert "known options of logger: csv, mlflow, tensorboard" in result.stderr
+
+
+def test_cli_refuses_a_key_of_an_unselected_logger_naming_it() -> None:
+    result = _cli("logger.tensorboard.dir=tb", "--cfg", "job")
+    assert result.returncode == 2
+    assert result.stderr.startswith("config error: logger.tensorboard.dir: ")
+    assert "logger=[csv,tensorboard]" in result.stderr

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from splitlab.cli import compose_config
+from splitlab.configure import compose_config
 
 REPO = Path(__file__).resolve().parents[2]
 PRESETS = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml"))

@@ -13,7 +13,7 @@ from model_helpers import grads_of, run_split, run_unsplit, twin
 from transformers import PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from splitlab.config.enums import DType, Family, ModelSource
+from splitlab.config.enums import DType, ModelSource
 from splitlab.config.schema import ModelConfig
 from splitlab.models.families import INPUT_IDS, LABELS, PAD_MASK, get_family
 from splitlab.models.load import load_model
@@ -21,14 +21,14 @@ from splitlab.models.parts import build_parts, build_stages
 from splitlab.models.plan import ring_plan, u_shape_plan
 from splitlab.models.tokens import positions_from_pad_mask
 
-pytest.importorskip("splitlab.models.assets", reason="the asset cache module is not there yet")
+pytest.importorskip("splitlab.assets", reason="the asset cache module is not there yet")
 
 pytestmark = pytest.mark.assets
 
 TEXTS = ["The film was a quiet delight from start to finish.", "Dull."]
 MINILM = ModelConfig(
     name="minilm",
-    family=Family.bert,
+    family="bert",
     source=ModelSource.packaged,
     id="minilm",
     num_layers=6,
@@ -39,7 +39,7 @@ MINILM = ModelConfig(
 )
 SMOLLM2 = ModelConfig(
     name="smollm2_135m",
-    family=Family.llama,
+    family="llama",
     source=ModelSource.packaged,
     id="smollm2_135m",
     num_layers=30,

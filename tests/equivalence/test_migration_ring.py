@@ -12,15 +12,17 @@ import weakref
 
 import pytest
 import torch
+from model_helpers import model_option
 
+from splitlab.configure import compose_config
 from splitlab.infer.compute import PartCompute
 from splitlab.infer.migration import Migrator
 from splitlab.infer.planners import ForcedShift
 from splitlab.infer.ring import GenParams
-from splitlab.infer.tiny import local_ring, save_tiny
-from splitlab.launch.ring import RingLayout, pick_base_port, run_ring
+from splitlab.launch.ring import run_ring
 from splitlab.models.plan import Span
 from splitlab.models.shard import load_part, open_checkpoint
+from splitlab.reference.tiny import local_ring, save_tiny
 from splitlab.telemetry.trace import Tracer
 
 PROMPT = torch.tensor([[464, 3290, 286, 4881, 318, 257, 1588, 1748]])
@@ -31,9 +33,8 @@ COMBOS = [(b, k) for b in (1, 2) for k in (1, -1, 2, -2)]
 
 @pytest.fixture(scope="module")
 def tiny9(tmp_path_factory):
-    return save_tiny(
-        "tiny_llama", tmp_path_factory.mktemp("tiny9"), overrides=("model.num_layers=9",)
-    )
+    folder = tmp_path_factory.mktemp("tiny9")
+    return save_tiny(model_option("tiny_llama", "model.num_layers=9"), folder)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +60,7 @@ def test_in_process_shift_keeps_every_token(
     assert all(c.layer_ids == list(range(c.span.start, c.span.stop)) for c in computes)
     moves = [json.loads(x) for i in range(3) for x in (tmp_path / f"stage-{i}.jsonl").open()]
     moves = [r for r in moves if r["kind"] == "migration"]
-    assert {r["role"] for r in moves} == {"donor", "receiver"}
+    assert {r["side"] for r in moves} == {"donor", "receiver"}
     for r in moves:  # 2 x kv heads x head dim x fp32 bytes per block per token
         assert r["kv_bytes_per_block_token"] == 2 * 2 * 8 * 4
         assert r["kv_bytes"] == abs(k) * (8 + 15) * 128  # prompt + 15 decoded tokens deep
@@ -116,12 +117,15 @@ def test_tcp_every_combo_in_one_scripted_run(tiny9, noshift, tmp_path) -> None:
         [(1, 1), (1, -1), (1, 2), (1, -2), (2, 1), (2, -1), (2, 2), (2, -2)]
     ):
         shifts.append([4 + 2 * i, b, k])  # each combo, then its reverse, returns to [3, 6]
-    layout = RingLayout(model=str(tiny9), cuts=CUTS, hosts=hosts, base_port=pick_base_port(hosts),
-                        run_id="tcp-shifts", extra=["--tokenizer", "gpt2_tokenizer"], window=2,
-                        planner={"name": "scripted", "shifts": shifts})  # fmt: skip
-    ids = ",".join(map(str, PROMPT[0].tolist()))
-    group, result = run_ring(layout, run_dir=tmp_path, timeout_s=240,
-                             head_args=["--max-new-tokens", "30", "--prompt-ids", ids])  # fmt: skip
+    cfg = compose_config([
+        "task=infer", "model=tiny_llama", "model.num_layers=9", "model.source=hub",
+        f"model.id={tiny9}", f"architecture.cuts=[{CUTS[0]},{CUTS[1]}]", "architecture.window=2",
+        f"architecture.peer_hosts=[{','.join(hosts)}]", "task.max_new_tokens=30",
+        f"task.prompt_ids=[{','.join(map(str, PROMPT[0].tolist()))}]",
+    ])  # fmt: skip
+    script = ",".join(f"{t}:{b}:{k}" for t, b, k in shifts)
+    group, result = run_ring(cfg, run_dir=tmp_path, timeout_s=240,
+                             stage_args={0: ["--scripted-shifts", script]})  # fmt: skip
     assert group.exit_code == 0, group.diagnosis()
     assert result["token_ids"] == noshift
     windows = [json.loads(x) for x in (tmp_path / "traces" / "stage-0.jsonl").open()]

@@ -28,9 +28,9 @@ def test_smollm2_shift_matrix_200_tokens_in_process(tmp_path) -> None:
 @pytest.mark.assets
 @pytest.mark.slow
 def test_smollm2_tcp_shift_against_noshift() -> None:
-    argv = [sys.executable, str(TOOLS / "check_equivalence.py"), "--max_new_tokens", "120",
-            "--window", "20", "--forced_shift_at", "60", "--shift_k", "-2", "--shift_boundary", "2",
-            "--baseline", "noshift"]  # fmt: skip
+    argv = [sys.executable, str(TOOLS / "check_equivalence.py"), "task.max_new_tokens=120",
+            "architecture.window=20", "planner=forced_shift", "planner.at_token=60",
+            "planner.shift_k=-2", "planner.boundary=2", "--baseline", "noshift"]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert "OK: " in done.stdout and "shift" in done.stdout

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from model_helpers import model_option
 
 from splitlab.infer.ring import GenParams
-from splitlab.infer.tiny import local_ring, reference_tokens, save_tiny
+from splitlab.reference.tiny import local_ring, reference_tokens, save_tiny
 
 PROMPT = torch.tensor([[464, 3290, 286, 4881, 318, 257, 1588, 1748]])
 CUTS = {
@@ -24,7 +25,7 @@ CUTS = {
 
 @pytest.fixture(scope="module", params=["tiny_llama", "tiny_gpt2"])
 def checkpoint(request, tmp_path_factory):
-    return save_tiny(request.param, tmp_path_factory.mktemp(request.param))
+    return save_tiny(model_option(request.param), tmp_path_factory.mktemp(request.param))
 
 
 @pytest.mark.parametrize("cuts", CUTS.values(), ids=CUTS.keys())
@@ -53,8 +54,8 @@ def test_stops_at_eos(checkpoint) -> None:
 def test_smollm2_three_hosts_64_tokens() -> None:
     """SmolLM2, 3 stage processes bound to 127.0.0.1/.2/.3, 64 new tokens, every id identical."""
     tool = Path(__file__).resolve().parents[2] / "tools" / "check_equivalence.py"
-    argv = [sys.executable, str(tool), "--max-new-tokens", "64", "--cuts", "10,20",
-            "--hosts", "127.0.0.1,127.0.0.2,127.0.0.3"]  # fmt: skip
+    argv = [sys.executable, str(tool), "task.max_new_tokens=64", "architecture.cuts=[10,20]",
+            "architecture.peer_hosts=[127.0.0.1,127.0.0.2,127.0.0.3]"]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert "OK: 64 of 64 token ids identical" in done.stdout

@@ -21,7 +21,8 @@ from splitlab.models.families import INPUT_IDS, PAD_MASK
 from splitlab.models.parts import build_parts
 from splitlab.models.plan import u_shape_plan
 from splitlab.models.tokens import IGNORE_INDEX, positions_from_pad_mask
-from splitlab.train.engine import UShapeEngine
+from splitlab.reference.ushape import UShapeEngine
+from splitlab.telemetry.records import Record
 from splitlab.train.nodes import OwnerNode, WorkerNode, partition_parameters
 from splitlab.train.wrr import AdaptiveWeights
 
@@ -186,7 +187,8 @@ def test_graphs_are_released_and_parameters_frozen_until_the_window_drains() -> 
     snapshot: dict[str, torch.Tensor] = {}
     problems: list[str] = []
 
-    def emit(kind: str, **fields: Any) -> None:
+    def emit(record: Record) -> None:
+        kind, fields = record.KIND, record.to_dict()
         if kind == "plan":
             snapshot.update({k: v.detach().clone() for k, v in model.named_parameters()})
         if kind == "drained":

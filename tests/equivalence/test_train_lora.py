@@ -18,7 +18,7 @@ from splitlab.models.families import INPUT_IDS, PAD_MASK
 from splitlab.models.parts import build_parts
 from splitlab.models.plan import u_shape_plan
 from splitlab.models.tokens import positions_from_pad_mask
-from splitlab.train.engine import UShapeEngine
+from splitlab.reference.ushape import UShapeEngine
 from splitlab.train.fedavg import Contribution, weighted_by_num_samples
 from splitlab.train.lora import (
     apply_lora,

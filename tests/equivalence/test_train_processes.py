@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import secrets
@@ -20,20 +19,23 @@ from model_helpers import adapter_of, tiny_config, tiny_model, twin
 from safetensors.torch import load_file
 from test_train_engine import WINDOW, adamw, assert_same_parameters, batches, train_unsplit
 
+from splitlab.config.load import save_resolved_config
+from splitlab.configure import compose_config
 from splitlab.config.schema import LoraConfig
 from splitlab.control.embedded import EmbeddedBusServer
 from splitlab.errors import ExitCode
 from splitlab.launch.supervisor import ChildSpec, run_group
 from splitlab.models.parts import build_parts
 from splitlab.models.plan import u_shape_plan
+from splitlab.reference.ushape import UShapeEngine
 from splitlab.train.checkpoint import completed_rounds, load_checkpoint
-from splitlab.train.engine import UShapeEngine
 from splitlab.train.lora import apply_lora, merged_state
-from splitlab.train.node_setup import DATA_KEY_ENV, save_batches
+from splitlab.train.node_setup import save_batches
 from splitlab.train.nodes import OwnerNode, WorkerNode, partition_parameters
 from splitlab.train.validate import evaluate, part_chain
 from splitlab.train.window import round_schedule
 from splitlab.train.wrr import SmoothWRR
+from splitlab.wire.session_key import SESSION_KEY_ENV
 
 PLAN = u_shape_plan(num_layers=4, cut_layers=1, tail_blocks=1)
 
@@ -43,54 +45,63 @@ def specs(
     family: str,
     data: dict[str, list],
     workers: list[str],
-    worker_extra: dict[str, object] | None = None,
-    coordinator: dict[str, object] | None = None,
+    worker_args: list[str] | None = None,
+    coordinator: list[str] | None = None,
     validation: dict[str, list] | None = None,
-    **extra: object,
+    overrides: list[str] = (),  # type: ignore[assignment]
+    lora: bool = False,
 ) -> list[ChildSpec]:
-    server = EmbeddedBusServer()
-    env = {**server.start().to_env(), DATA_KEY_ENV: secrets.token_hex(32)}
+    """Every process of one run, each started with the node command from one saved config.
+
+    Owners train on fixed microbatches (`data`, named owner0, owner1, ...) and write their
+    final states to `<name>.safetensors`; `coordinator` lists its config overrides (None: no
+    coordinator, one round without FedAvg); `worker_args` are test-only node flags.
+    """
+    assert list(data) == [f"owner{i}" for i in range(len(data))], list(data)
+    assert workers == [f"worker{i}" for i in range(len(workers))], workers
+    key_hex = secrets.token_hex(32)
+    server = EmbeddedBusServer(authkey=bytes.fromhex(key_hex))
+    address = server.start()
     specs.servers.append(server)  # type: ignore[attr-defined]
     session = f"t{uuid.uuid4().hex[:10]}"
-    schedule = round_schedule({o: len(b) for o, b in data.items()}, WINDOW)
-    model = {k: getattr(v, "value", v) for k, v in dataclasses.asdict(tiny_config(family)).items()}
-    common = {
-        "session": session,
-        "owners": list(data),
-        "workers": workers,
-        "model": model,
-        "num_windows": len(schedule),
-        "quota": WINDOW,
-        "eps": 1e-6,  # as in the in-process equivalence (see test_train_engine.adamw)
-        "timeout_s": 30.0,
-        **extra,
-    }
-    if coordinator is not None:
-        common["coordinator"] = "coord"
-    children = []
+    most = max(len(b) for b in data.values())
+    assert len(round_schedule({o: len(b) for o, b in data.items()}, WINDOW)) == -(-most // WINDOW)
+    cfg = compose_config([
+        f"model=tiny_{family}", "finetune=lora" if lora else "finetune=full",
+        f"architecture.owners={len(data)}", f"architecture.workers={len(workers)}",
+        "architecture.cut_layers=1", "architecture.tail_blocks=1",
+        f"architecture.microbatches_per_window={WINDOW}", f"task.steps_per_round={most}",
+        "architecture.adaptive_weights=false", "architecture.timeout_s=30",
+        "finetune.lr=1e-2", "finetune.eps=1e-6",  # as in the in-process equivalence (adamw)
+        "data.labels=[l0,l1,l2]", "model.num_labels=3",  # tiny_config (the fixtures are the data)
+        "task.save_checkpoint=false", *(coordinator or []), *overrides,
+    ])  # fmt: skip
+    cfg.model = tiny_config(family)
+    config_path = tmp_path / "config.yaml"
+    save_resolved_config(cfg, config_path)
+    env = {SESSION_KEY_ENV: key_hex}
     roles = [("worker", workers), ("owner", list(data))]
     if coordinator is not None:
-        roles.insert(0, ("coordinator", ["coord"]))
+        roles.insert(0, ("coordinator", ["coordinator"]))
+    children = []
     for role, names in roles:
-        for name in names:
-            spec = {
-                **common,
-                "role": role,
-                "name": name,
-                "out_path": str(tmp_path / f"{name}.safetensors"),
-            }
+        for rank, name in enumerate(names):
+            argv = [
+                sys.executable, "-m", "splitlab.node", "--config", str(config_path),
+                "--role", role, "--rank", str(rank), "--run-dir", str(tmp_path),
+                "--session", session, "--control", f"{address.host}:{address.port}",
+                "--out", str(tmp_path / f"{name}.safetensors"),
+            ]  # fmt: skip
+            if coordinator is None:
+                argv.append("--no-coordinator")
             if role == "worker":
-                spec.update(worker_extra or {})
-            if role == "coordinator":
-                spec.update(coordinator or {})
+                argv += worker_args or []
             if role == "owner" and validation and validation.get(name):
                 save_batches(tmp_path / f"{name}.val.safetensors", validation[name])
-                spec["val_path"] = str(tmp_path / f"{name}.val.safetensors")
+                argv += ["--val-batches", str(tmp_path / f"{name}.val.safetensors")]
             if role == "owner":
                 save_batches(tmp_path / f"{name}.data.safetensors", data[name])
-                spec["data_path"] = str(tmp_path / f"{name}.data.safetensors")
-            (tmp_path / f"{name}.json").write_text(json.dumps(spec))
-            argv = [sys.executable, "-m", "splitlab.train.process", str(tmp_path / f"{name}.json")]
+                argv += ["--batches", str(tmp_path / f"{name}.data.safetensors")]
             children.append(ChildSpec(name=name, argv=argv, env=env))
     return children
 
@@ -112,13 +123,14 @@ def test_one_owner_one_worker_processes_match_unsplit(tmp_path: Path, family: st
     data = batches(family)
     train_unsplit(ref, family, data)
 
-    result = run_group(specs(tmp_path, family, {"o0": data}, ["w0"]), timeout_s=180, sink=None)
+    children = specs(tmp_path, family, {"owner0": data}, ["worker0"])
+    result = run_group(children, timeout_s=180, sink=None)
 
     assert result.exit_code == 0, result.diagnosis()
     split = twin(tiny_model(family))
     state = {
-        **load_file(str(tmp_path / "o0.safetensors")),
-        **load_file(str(tmp_path / "w0.safetensors")),
+        **load_file(str(tmp_path / "owner0.safetensors")),
+        **load_file(str(tmp_path / "worker0.safetensors")),
     }
     split.load_state_dict(state, strict=False)
     assert_same_parameters(ref, split)
@@ -147,20 +159,20 @@ def run_each(children: list[ChildSpec], timeout_s: float = 120.0) -> dict[str, t
 
 @pytest.mark.slow
 def test_divergence_aborts_every_process_naming_the_cause(tmp_path: Path) -> None:
-    data = {"o0": batches("llama", n=6)}  # lr 1e30: after one step activations overflow
+    data = {"owner0": batches("llama", n=6)}  # lr 1e30: after one step activations overflow
 
-    ended = run_each(specs(tmp_path, "llama", data, ["w0"], lr=1e30))
+    ended = run_each(specs(tmp_path, "llama", data, ["worker0"], overrides=["finetune.lr=1e30"]))
 
-    (owner_code, owner_log), (worker_code, worker_log) = ended["o0"], ended["w0"]
+    (owner_code, owner_log), (worker_code, worker_log) = ended["owner0"], ended["worker0"]
     assert owner_code == ExitCode.NON_FINITE, owner_log
-    assert "NonFiniteError" in owner_log and "owner 'o0'" in owner_log
+    assert "NonFiniteError" in owner_log and "owner 'owner0'" in owner_log
     assert worker_code == ExitCode.ABORTED, worker_log
-    assert "aborted by 'o0'" in worker_log and "NonFiniteError" in worker_log
+    assert "aborted by 'owner0'" in worker_log and "NonFiniteError" in worker_log
 
 
 @pytest.mark.slow
 def test_a_vanished_worker_times_the_owner_out_naming_it(tmp_path: Path) -> None:
-    data = {"o0": batches("gpt2", n=7)}  # three windows; the worker leaves after the first
+    data = {"owner0": batches("gpt2", n=7)}  # three windows; the worker leaves after the first
 
     # 3 s bounds the waits inside the windows; process start (model loads, REGISTER both
     # ways) has its own allowance, so a loaded machine cannot time the start-up out instead
@@ -169,17 +181,16 @@ def test_a_vanished_worker_times_the_owner_out_naming_it(tmp_path: Path) -> None
             tmp_path,
             "gpt2",
             data,
-            ["w0"],
-            {"num_windows": 1},
-            timeout_s=3.0,
-            startup_timeout_s=120.0,
+            ["worker0"],
+            ["--windows", "1"],
+            overrides=["architecture.timeout_s=3", "architecture.startup_timeout_s=120"],
         )  # fmt: skip
     )
 
-    owner_code, owner_log = ended["o0"]
-    assert ended["w0"][0] == 0
+    owner_code, owner_log = ended["owner0"]
+    assert ended["worker0"][0] == 0
     assert owner_code in (ExitCode.TIMEOUT, ExitCode.PEER_LOST), owner_log
-    assert "'w0'" in owner_log.split("ERROR", 1)[-1]
+    assert "'worker0'" in owner_log.split("ERROR", 1)[-1]
 
 
 def traces(folder: Path) -> list[dict]:
@@ -192,25 +203,26 @@ def traces(folder: Path) -> list[dict]:
 
 @pytest.mark.slow
 def test_three_owners_two_workers_rounds_traces_and_fedavg_weights(tmp_path: Path) -> None:
-    data = {"o0": batches("gpt2", n=5), "o1": batches("gpt2", n=2, seed=40), "o2": []}
-    weights = {"w0": 3.0, "w1": 1.0}
+    data = {"owner0": batches("gpt2", n=5), "owner1": batches("gpt2", n=2, seed=40), "owner2": []}
+    weights = {"worker0": 3.0, "worker1": 1.0}
     (tmp_path / "traces").mkdir()
     children = specs(
-        tmp_path, "gpt2", data, list(weights), coordinator={"rounds": 2},
-        weights=weights, trace_dir=str(tmp_path / "traces"),
+        tmp_path, "gpt2", data, list(weights), coordinator=["task.rounds=2"],
+        overrides=["architecture.compute_weights=[3.0,1.0]"],
     )  # fmt: skip
 
     result = run_group(children, timeout_s=240, sink=None)
 
     assert result.exit_code == 0, result.diagnosis()
     records = traces(tmp_path / "traces")
-    fedavg = json.loads((tmp_path / "coord.safetensors").read_text())["fedavg_weights"]
+    fedavg = json.loads((tmp_path / "coordinator.safetensors").read_text())["fedavg_weights"]
     samples = {o: sum(int(b["input_ids"].shape[0]) for b in items) for o, items in data.items()}
     for round_id, window_ids in ((0, (0, 1)), (1, (2, 3))):
         in_round = [r for r in records if r.get("window") in window_ids]
-        for owner, items in data.items():  # each owner follows the 3:1 WRR sequence
+        for owner, items in data.items():  # each owner follows the 3:1 WRR sequence on
             sent = [r["worker"] for r in in_round if r["kind"] == "forward" and r["owner"] == owner]
-            expected = SmoothWRR(weights).assign(len(items))
+            n = len(items)
+            expected = SmoothWRR(weights).assign(n * (round_id + 1))[n * round_id :]
             assert sorted(sent) == sorted(expected)
         for window in window_ids:  # every COMMIT after every DRAINED, every step after a COMMIT
             drained = [
@@ -226,7 +238,7 @@ def test_three_owners_two_workers_rounds_traces_and_fedavg_weights(tmp_path: Pat
         forwards = [r for r in in_round if r["kind"] == "forward"]
         per_worker = {w: sum(_size(data, r) for r in forwards if r["worker"] == w) for w in weights}
         assert fedavg[round_id] == {**samples, **per_worker}
-    assert fedavg[0]["o2"] == 0
+    assert fedavg[0]["owner2"] == 0
 
 
 def _size(data: dict[str, list], record: dict, windows_per_round: int = 2) -> int:
@@ -237,14 +249,16 @@ def _size(data: dict[str, list], record: dict, windows_per_round: int = 2) -> in
 
 @pytest.mark.slow
 def test_resume_continues_from_the_last_completed_round(tmp_path: Path) -> None:
-    data = {"o0": batches("llama", n=4), "o1": batches("llama", n=2, seed=60)}
+    data = {"owner0": batches("llama", n=4), "owner1": batches("llama", n=2, seed=60)}
     straight, interrupted = tmp_path / "a", tmp_path / "b"
     for folder in (straight, interrupted):
         folder.mkdir()
 
     def launch(folder: Path, rounds: int, resume: bool) -> None:
-        coordinator = {"rounds": rounds, "resume": resume, "checkpoint_dir": str(folder / "ckpt")}
-        children = specs(folder, "llama", data, ["w0"], coordinator=coordinator)
+        coordinator = [f"task.rounds={rounds}", f"task.resume={str(resume).lower()}",
+                       "task.save_checkpoint=true", f"task.checkpoint_dir={folder / 'ckpt'}",
+                       "task.keep_checkpoints=all"]
+        children = specs(folder, "llama", data, ["worker0"], coordinator=coordinator)
         result = run_group(children, timeout_s=240, sink=None)
         assert result.exit_code == 0, result.diagnosis()
 
@@ -253,32 +267,33 @@ def test_resume_continues_from_the_last_completed_round(tmp_path: Path) -> None:
     launch(interrupted, 2, True)
 
     assert completed_rounds(interrupted / "ckpt") == [0, 1]
-    final_a = load_checkpoint(straight / "ckpt" / "round-000001.safetensors").state
-    final_b = load_checkpoint(interrupted / "ckpt" / "round-000001.safetensors").state
+    final_a = load_checkpoint(straight / "ckpt" / "round-000002.safetensors").state
+    final_b = load_checkpoint(interrupted / "ckpt" / "round-000002.safetensors").state
     for key, tensor in final_a.items():
         torch.testing.assert_close(final_b[key], tensor, msg=lambda m, k=key: f"{k}: {m}")
 
 
 @pytest.mark.slow
 def test_divergence_with_a_coordinator_ends_every_process_naming_the_cause(tmp_path: Path) -> None:
-    data = {"o0": batches("llama", n=6)}
+    data = {"owner0": batches("llama", n=6)}
 
-    ended = run_each(specs(tmp_path, "llama", data, ["w0"], coordinator={"rounds": 2}, lr=1e30))
+    ended = run_each(specs(tmp_path, "llama", data, ["worker0"], coordinator=["task.rounds=2"],
+                           overrides=["finetune.lr=1e30"]))  # fmt: skip
 
-    assert ended["o0"][0] == ExitCode.NON_FINITE, ended["o0"][1]
-    for name in ("w0", "coord"):
+    assert ended["owner0"][0] == ExitCode.NON_FINITE, ended["owner0"][1]
+    for name in ("worker0", "coordinator"):
         code, output = ended[name]
         assert code == ExitCode.ABORTED, output
-        assert "aborted by 'o0'" in output and "NonFiniteError" in output
+        assert "aborted by 'owner0'" in output and "NonFiniteError" in output
 
 
 @pytest.mark.slow
 def test_owner_validates_through_its_worker_before_fedavg(tmp_path: Path) -> None:
-    data, held_out = {"o0": batches("gpt2", n=4)}, batches("gpt2", n=2, seed=90)
+    data, held_out = {"owner0": batches("gpt2", n=4)}, batches("gpt2", n=2, seed=90)
     (tmp_path / "traces").mkdir()
     children = specs(
-        tmp_path, "gpt2", data, ["w0"], coordinator={"rounds": 1},
-        validation={"o0": held_out}, trace_dir=str(tmp_path / "traces"),
+        tmp_path, "gpt2", data, ["worker0"], coordinator=["task.rounds=1"],
+        validation={"owner0": held_out},
     )  # fmt: skip
 
     result = run_group(children, timeout_s=240, sink=None)
@@ -291,8 +306,8 @@ def test_owner_validates_through_its_worker_before_fedavg(tmp_path: Path) -> Non
     # 1 owner x 1 worker: FedAvg is the identity, so the saved states are the validated ones
     model = tiny_model("gpt2")
     state = {
-        **load_file(str(tmp_path / "o0.safetensors")),
-        **load_file(str(tmp_path / "w0.safetensors")),
+        **load_file(str(tmp_path / "owner0.safetensors")),
+        **load_file(str(tmp_path / "worker0.safetensors")),
     }
     model.load_state_dict(state, strict=False)
     expected = evaluate(part_chain(build_parts(model, PLAN)), adapter_of("gpt2"), held_out)
@@ -304,11 +319,14 @@ def test_owner_validates_through_its_worker_before_fedavg(tmp_path: Path) -> Non
 @pytest.mark.slow
 @pytest.mark.parametrize("merge", [False, True], ids=["adapters", "merged"])
 def test_lora_round_between_processes_matches_in_process(tmp_path: Path, merge: bool) -> None:
-    data = {"o0": batches("gpt2", n=4)}
+    data = {"owner0": batches("gpt2", n=4)}
     lora = {"r": 4, "alpha": 8.0}
-    coordinator = {"rounds": 1, "checkpoint_dir": str(tmp_path / "ckpt")}
+    coordinator = ["task.rounds=1", "task.save_checkpoint=true",
+                   f"task.checkpoint_dir={tmp_path / 'ckpt'}"]  # fmt: skip
+    overrides = ["finetune.lora.r=4", "finetune.lora.alpha=8.0",
+                 f"finetune.merge_for_fedavg={str(merge).lower()}"]  # fmt: skip
     children = specs(
-        tmp_path, "gpt2", data, ["w0"], coordinator=coordinator, lora=lora, merge_for_fedavg=merge
+        tmp_path, "gpt2", data, ["worker0"], coordinator=coordinator, lora=True, overrides=overrides
     )
 
     result = run_group(children, timeout_s=240, sink=None)
@@ -317,12 +335,12 @@ def test_lora_round_between_processes_matches_in_process(tmp_path: Path, merge: 
     model = tiny_model("gpt2")  # the same draws as every process: model, then adapters
     front, body, tail = build_parts(model, PLAN)
     apply_lora([front, body, tail], LoraConfig(**lora))
-    owner = OwnerNode("o0", front, tail, adamw(partition_parameters(front, tail)))
-    worker = WorkerNode("w0", body, adamw(partition_parameters(body)))
+    owner = OwnerNode("owner0", front, tail, adamw(partition_parameters(front, tail)))
+    worker = WorkerNode("worker0", body, adamw(partition_parameters(body)))
     engine = UShapeEngine(owners=[owner], workers=[worker], max_inflight=2, credit=2)
     engine.run_round(data, quota=WINDOW)
     expected = {**merged_state(front), **merged_state(tail), **merged_state(body)}
-    saved = load_checkpoint(tmp_path / "ckpt" / "round-000000.safetensors").state
+    saved = load_checkpoint(tmp_path / "ckpt" / "round-000001.safetensors").state
     assert set(saved) == set(tiny_model("gpt2").state_dict())
     for key, tensor in expected.items():
         torch.testing.assert_close(saved[key], tensor, msg=lambda m, k=key: f"{k}: {m}")

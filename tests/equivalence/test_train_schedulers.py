@@ -35,6 +35,7 @@ from splitlab.control.endpoint import ControlEndpoint
 from splitlab.errors import AbortedError, NonFiniteError
 from splitlab.models.parts import build_parts
 from splitlab.models.plan import u_shape_plan
+from splitlab.telemetry.records import Record
 from splitlab.train.nodes import OwnerNode, WorkerNode, partition_parameters
 from splitlab.train.owner import OwnerScheduler, SchedulerSettings
 from splitlab.train.window import effective_credit, round_schedule
@@ -75,9 +76,9 @@ class Group:
             _, body, _ = build_parts(twin(self.base), PLAN)
             self.workers[name] = WorkerNode(name, body, adamw(partition_parameters(body)))
 
-    def emit(self, kind: str, **fields: Any) -> None:
+    def emit(self, record: Record) -> None:
         with self.lock:
-            self.events.append({"kind": kind, **fields})
+            self.events.append(record.to_dict())
 
     def _transports(self, session: str) -> dict[str, Transport]:
         names = [*self.owners, *self.workers]

@@ -26,10 +26,10 @@ from splitlab.models.families import INPUT_IDS, PAD_MASK
 from splitlab.models.parts import CODE, RESIDUAL, Part
 from splitlab.models.plan import two_stage_plan, u_shape_plan
 from splitlab.models.tokens import positions_from_pad_mask
-from splitlab.sft.parts import build_training_parts
-from splitlab.train.engine import UShapeEngine
+from splitlab.reference.two_stage import TwoStageEngine, reversed_order
+from splitlab.reference.ushape import UShapeEngine
 from splitlab.train.nodes import OwnerNode, WorkerNode, partition_parameters
-from splitlab.train.two_stage import TwoStageEngine, reversed_order
+from splitlab.train.parts import build_training_parts
 
 FAMILIES = ["bert", "gpt2", "llama"]
 RANK = 4  # tiny models: H = 32

@@ -21,9 +21,9 @@ from splitlab.config.schema import SftConfig
 from splitlab.models.families import INPUT_IDS, LABELS, PAD_MASK
 from splitlab.models.load import load_model
 from splitlab.models.plan import u_shape_plan
-from splitlab.sft.loopback import run_loopback
-from splitlab.sft.parts import build_training_parts
+from splitlab.train.loopback import run_loopback
 from splitlab.train.nodes import OwnerNode, WorkerNode, partition_parameters
+from splitlab.train.parts import build_training_parts
 
 HIDDEN, RANK = 64, 4  # H / R = 16
 PLAN = u_shape_plan(num_layers=4, cut_layers=1, tail_blocks=1)

@@ -23,8 +23,8 @@ from splitlab.models.families import INPUT_IDS, PAD_MASK
 from splitlab.models.parts import build_parts
 from splitlab.models.plan import two_stage_plan
 from splitlab.models.tokens import positions_from_pad_mask
+from splitlab.reference.two_stage import TwoStageEngine, in_order, reversed_order
 from splitlab.train.nodes import partition_parameters
-from splitlab.train.two_stage import TwoStageEngine, in_order, reversed_order
 from splitlab.train.two_stage_net import FirstStage, LastStage
 from splitlab.wire.inproc import InProcHub, InProcTransport
 from splitlab.wire.tcp import TcpTransport
@@ -99,7 +99,7 @@ def test_matches_unsplit_adamw_with_gradients_back_out_of_order(
 def test_first_stage_steps_once_per_window_with_a_partial_last_window() -> None:
     events: list[tuple[str, dict]] = []
     engine = engine_for(
-        untied("llama"), 2, emit=lambda kind, **fields: events.append((kind, fields))
+        untied("llama"), 2, emit=lambda record: events.append((record.KIND, record.to_dict()))
     )
 
     engine.run(data("llama"))
@@ -175,9 +175,9 @@ def test_stages_over_a_transport_match_unsplit_adamw(control_count: int, transpo
 
 def test_stages_sharing_a_tied_embedding_and_head_are_refused() -> None:
     from splitlab.errors import ConfigError
-    from splitlab.train.two_stage import check_untied
+    from splitlab.train.two_stage_net import check_untied
 
     first, last = build_parts(tiny_model("gpt2"), PLAN)  # GPT-2 ties wte and lm_head
-    with pytest.raises(ConfigError, match="tie_word_embeddings=False"):
+    with pytest.raises(ConfigError, match="model.untie_embeddings=true"):
         check_untied(first, last)
     check_untied(*build_parts(untied("gpt2"), PLAN))

@@ -23,11 +23,12 @@ BENCH = Path(__file__).resolve().parents[2] / "tools" / "bench_adaptive.py"
 def test_adaptive_moves_blocks_off_the_slow_stage_with_identical_tokens(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     subprocess.run([sys.executable, str(BENCH), "--reps", "2", "--tokens", "80", "--window", "10",
-                    "--phi", "3.0", "--out", str(out)], check=True, timeout=560)  # fmt: skip
+                    "--phi", "3.0", "--planners", "adaptive", "--out", str(out)],
+                   check=True, timeout=560)  # fmt: skip
     report = json.loads(out.read_text())
     summary = report["results"][-1]
     assert summary["tokens_identical"]
-    assert summary["slow_stage_blocks_after"] < summary["slow_stage_blocks_before"]
+    assert summary["slow_stage_blocks_after"]["adaptive"] < summary["slow_stage_blocks_before"]
     # The TPOT gain is the benchmark's business (tools/bench_adaptive.py reports it with its
     # target): on a shared machine its value moves with the load, so no timed assert here.
     assert "adaptive_over_noop_tpot" in report["ratios"]

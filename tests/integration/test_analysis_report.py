@@ -6,11 +6,13 @@ U-shape training traces: every applicable plot is a PNG with data, report.html i
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from report_helpers import FINAL_METRICS, headline_rows, write_training_run
 
 from splitlab.analysis import plots
 from splitlab.analysis.links import derive_link_params
@@ -99,5 +101,28 @@ def test_training_report_from_synthetic_u_shape_traces(tmp_path: Path) -> None:
     assert not RING_FIGURES & set(report.figures)
     assert set(report.skipped) == RING_FIGURES
     page = report.path.read_text(encoding="utf-8")
-    assert "final_accuracy" in page and "Table: rounds" in page and "Table: transport" in page
-    assert "no .hydra/config.yaml" in page
+    assert "owners_val_accuracy" in page and "Table: rounds" in page and "Table: transport" in page
+    assert "no resolved config" in page
+
+
+def test_report_leads_with_the_merged_models_test_result(tmp_path: Path) -> None:
+    run = write_training_run(tmp_path / "run", num_workers=1)
+
+    report = analyze_run(run)
+
+    page = report.path.read_text(encoding="utf-8")
+    rows = headline_rows(page)
+    assert list(rows)[:2] == ["test_accuracy", "test_loss"]
+    assert rows["test_accuracy"]["value"] == FINAL_METRICS["val_accuracy"]
+    assert rows["test_accuracy"]["text"] == "0.801"
+    assert rows["test_loss"]["value"] == FINAL_METRICS["val_loss"]
+    assert rows["test_loss"]["label"] == "test loss (cross-entropy, nats per example)"
+    assert rows["where"]["text"] == "owner0, owner1 on this machine"  # the traced nodes
+    assert rows["transport_bytes_sent"]["text"].endswith("MiB")
+    assert rows["wall_s"]["value"] == FINAL_METRICS["wall_s"]
+    assert rows["wall_s"]["text"] == "3 min 05 s"
+    assert page.index("id='headline'") < page.index("Key figures")
+    # one worker: the WRR figure would be a wall of identical bars
+    assert "wrr" in report.skipped and "one worker" in report.skipped["wrr"]
+    assert "owner owner0" not in page and "nats per token" not in page
+    assert not re.search(r"<td>\d+\.0</td>", page)  # integer columns print as integers

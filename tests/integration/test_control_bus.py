@@ -5,6 +5,7 @@ SPLITLAB_REQUIRE_BROKER=1 .venv/bin/pytest tests/integration/test_control_bus.py
 
 from __future__ import annotations
 
+import socket
 import struct
 import threading
 import time
@@ -181,6 +182,18 @@ def test_embedded_bus_rejects_a_wrong_auth_key() -> None:
             EmbeddedBus.connect(
                 host=a.host, port=a.port, authkey=b"wrong", session="s", node_id="n", timeout_s=5
             )
+    finally:
+        factory.teardown()
+
+
+def test_embedded_host_drops_a_stranger_announcing_a_large_frame() -> None:
+    factory = BusFactory("embedded")
+    try:
+        a = factory.server.address
+        with socket.create_connection((a.host, a.port), timeout=5.0) as stranger:
+            stranger.sendall(struct.pack(">I", 1 << 30))  # before any proof of the key
+            assert stranger.recv(1) == b""  # the host hung up instead of reading on
+        assert factory.server.clients() == 0
     finally:
         factory.teardown()
 

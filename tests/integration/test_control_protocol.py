@@ -33,13 +33,13 @@ def test_reordered_and_duplicated_opens_complete_the_barrier_once(buses: BusFact
     # Prepare: the owner is in window 2; workers' OPENs arrive shuffled, duplicated and
     # mixed with stale ones from window 1.
     owner = ControlEndpoint(buses.open("o0"), window_id=2)
-    sender = buses.open("w0")
+    senders = {w: buses.open(w) for w in WORKERS}  # each publishes as itself
     current = [_open(buses.session, w, 2) for w in WORKERS]
     stale = [_open(buses.session, w, 1) for w in WORKERS]
     deliveries = current * 2 + stale
     random.Random(7).shuffle(deliveries)
     for msg in deliveries:
-        sender.publish("o0", msg)
+        senders[msg.sender].publish("o0", msg)
     # Execute
     got = owner.collect(Kind.OPEN, WORKERS, timeout_s=10.0)
     leftover = owner.poll(0.5)
@@ -69,7 +69,7 @@ def test_abort_behind_other_messages_is_seen_first(buses: BusFactory) -> None:
                 session_id=buses.session, sender="o0", microbatch_id=mb, counts_by_worker={"w0": 1}
             ),
         )
-    owner.publish(
+    buses.open("o1").publish(
         "w0", Abort(session_id=buses.session, sender="o1", reason="loss is NaN", cause_node="o1")
     )
     with pytest.raises(AbortedError, match="o1"):

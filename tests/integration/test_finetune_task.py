@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -16,14 +17,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from report_helpers import headline_rows
 
 from splitlab.analysis.report import analyze_run
-from splitlab.cli import compose_config, load_resolved_config
+from splitlab.config.load import save_resolved_config
+from splitlab.configure import compose_config, load_resolved_config
 from splitlab.control.embedded import EmbeddedBusServer
+from splitlab.control.membership import new_session_key_hex
 from splitlab.errors import ExitCode
-from splitlab.launch.train import child_specs, node_specs, run_finetune
+from splitlab.launch.train import node_children, run_finetune
 from splitlab.models.load import load_model
 from splitlab.train.checkpoint import completed_rounds, latest_checkpoint
+from splitlab.wire.session_key import SESSION_KEY_ENV
 
 TINY = [
     "model=tiny_bert",
@@ -61,7 +66,7 @@ def test_default_shape_writes_the_run_folder(tmp_path: Path) -> None:
     assert code == 0
     rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
     assert [(r["round"], r["owner"]) for r in rows] == [
-        ("0", "owner0"), ("0", "owner1"), ("1", "owner0"), ("1", "owner1"),
+        ("1", "owner0"), ("1", "owner1"), ("2", "owner0"), ("2", "owner1"),
     ]  # fmt: skip
     assert all(float(r["accuracy"]) >= 0 and int(r["samples"]) == 16 for r in rows)
     assert all(int(r["bytes"]) > 0 for r in rows)
@@ -76,12 +81,43 @@ def test_default_shape_writes_the_run_folder(tmp_path: Path) -> None:
     ]
     assert len(peaks) == 2 and all(1 <= p["peak"] <= 8 for p in peaks)
     assert_merged_loads_strictly(cfg, run_dir, rounds=2)
-    # task=analyze on this real run draws every training figure, each holding data
+    # the main job wrote report.html, led by final_metrics.json; task=analyze redraws it: every
+    # training figure holds data, but WRR, which one worker makes a wall of identical bars
+    final = json.loads((run_dir / "final_metrics.json").read_text())
+    written = headline_rows((run_dir / "analysis" / "report.html").read_text(encoding="utf-8"))
+    assert written["test_accuracy"]["value"] == final["val_accuracy"]
+    assert written["wall_s"]["value"] == final["wall_s"] > 0
     report = analyze_run(run_dir)
-    training = {"training_rounds", "wrr", "bytes_per_microbatch", "transport"}
+    training = {"training_rounds", "bytes_per_microbatch", "transport"}
     assert training <= set(report.figures), report.skipped
+    assert "one worker" in report.skipped["wrr"]
     assert all(report.figures[name].stat().st_size > 0 for name in training)
     assert "<img" in report.path.read_text(encoding="utf-8")
+
+
+@pytest.mark.slow
+def test_a_normal_run_is_quiet_and_keeps_only_what_it_is_told(tmp_path: Path) -> None:
+    cfg = config(tmp_path, "task.rounds=3", "task.keep_checkpoints=last")
+    run_dir, ckpts = Path(cfg.run_dir), Path(cfg.run_dir) / "checkpoints"
+
+    assert run_finetune(cfg) == 0
+    assert completed_rounds(ckpts) == [2]  # rounds 0 and 1 were pruned after round 2's save
+    stale = ckpts / ".round-000004.safetensors.tmp-99999"  # what a killed write leaves
+    stale.write_bytes(b"\0" * 4096)
+    resumed = config(tmp_path, "task.rounds=4", "task.resume=true", "task.keep_checkpoints=last")
+    assert run_finetune(resumed) == 0
+
+    assert not stale.exists()
+    assert sorted(p.name for p in ckpts.iterdir()) == ["round-000004.safetensors"]  # round 4 of 4
+    logs = sorted((run_dir / "logs").glob("*.log"))
+    assert [p.stem for p in logs] == ["coordinator", "owner0", "owner1", "worker0"]
+    for path in logs:  # both runs, appended: an orderly start, run and shutdown say no more
+        lines = path.read_text().splitlines()
+        noisy = [line for line in lines if re.search(r"\b(WARNING|ERROR|Traceback)\b", line)]
+        assert not noisy, f"{path.name}: {noisy}"
+    coordinator = (run_dir / "logs" / "coordinator.log").read_text()
+    assert "round 4/4 done" in coordinator
+    assert re.search(r"checkpoints \(keep_checkpoints=last\): 1 files, [\d.]+ MiB", coordinator)
 
 
 @pytest.mark.slow
@@ -126,9 +162,15 @@ def test_sigkill_worker_mid_window_then_resume(tmp_path: Path) -> None:
         "task.steps_per_round=48", "architecture.timeout_s=15",
     )  # fmt: skip
     run_dir = Path(cfg.run_dir)
-    server = EmbeddedBusServer()
-    env = {**os.environ, **server.start().to_env(), "PYTHONUNBUFFERED": "1"}
-    children = child_specs(node_specs(cfg, session="killtest", run_dir=run_dir), run_dir, {})
+    save_resolved_config(cfg, run_dir / "config.yaml")
+    key_hex = new_session_key_hex()
+    server = EmbeddedBusServer(authkey=bytes.fromhex(key_hex))
+    address = server.start()
+    env = {**os.environ, SESSION_KEY_ENV: key_hex, "PYTHONUNBUFFERED": "1"}
+    children = node_children(
+        cfg, run_dir / "config.yaml", run_dir=run_dir, session="killtest",
+        control=(address.host, address.port), env={},
+    )  # fmt: skip
     procs = {
         c.name: subprocess.Popen(
             list(c.argv), env=env, stdout=c.log_path.open("w"), stderr=subprocess.STDOUT
@@ -177,5 +219,5 @@ def test_sigkill_worker_mid_window_then_resume(tmp_path: Path) -> None:
     assert run_finetune(resumed) == 0
     assert completed_rounds(run_dir / "checkpoints")[-1] == 2
     rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
-    assert {r["round"] for r in rows} >= {"1", "2"}
+    assert {r["round"] for r in rows} >= {"2", "3"}
     assert ExitCode.OK == 0

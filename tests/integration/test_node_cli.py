@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from splitlab.cli import load_resolved_config
-from splitlab.control.embedded import ENV_AUTHKEY
-from splitlab.launch.train import checkpoint_model
+from splitlab.configure import load_resolved_config
 from splitlab.train.checkpoint import latest_checkpoint
+from splitlab.train.final_eval import checkpoint_model
+from splitlab.wire.session_key import SESSION_KEY_ENV
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 MARKER = "<!-- node-cli-example -->"
@@ -70,7 +70,7 @@ def write_config(command: str, path: Path, *extra: str) -> None:
 
 def node_argv(command: str, subs: dict[str, str], *, broker: bool) -> list[str]:
     argv = [subs.get(arg, arg) for arg in shlex.split(command)]
-    assert argv[:3] == ["python", "-m", "splitlab.launch.node"], command
+    assert argv[:3] == ["python", "-m", "splitlab.node"], command
     argv[0] = sys.executable
     if broker:  # the README's RabbitMQ variant: --broker instead of --control [--host-control]
         i = argv.index("--control")
@@ -94,9 +94,10 @@ def wait_for_port(port: int, proc: subprocess.Popen) -> None:
 def run_by_hand(tmp_path: Path, *, broker: bool) -> tuple[dict[str, int], Path]:
     lines = readme_example()
     config_line = next(line for line in lines if line.startswith("splitlab "))
-    assert any(line.startswith(f"export {ENV_AUTHKEY}=") for line in lines)
-    nodes = [line for line in lines if line.startswith("python -m splitlab.launch.node")]
-    assert [shlex.split(n)[4] for n in nodes] == ["coordinator", "worker", "owner"]
+    assert any(line.startswith(f"export {SESSION_KEY_ENV}=") for line in lines)
+    nodes = [line for line in lines if line.startswith("python -m splitlab.node ")]
+    roles = [shlex.split(n)[shlex.split(n).index("--role") + 1] for n in nodes]
+    assert roles == ["coordinator", "worker", "owner"]
     config, run_dir = tmp_path / "config.yaml", tmp_path / "runs" / "exp1"
     write_config(config_line, config)
     bus_port = free_port()
@@ -105,7 +106,7 @@ def run_by_hand(tmp_path: Path, *, broker: bool) -> tuple[dict[str, int], Path]:
         "10.0.0.1:29400": f"127.0.0.1:{bus_port}", "0.0.0.0": "127.0.0.1",
         "10.0.0.7": "127.0.0.1", "29500": str(free_port()), "cuda": "cpu",
     }  # fmt: skip
-    env = {**os.environ, ENV_AUTHKEY: secrets.token_hex(32), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, SESSION_KEY_ENV: secrets.token_hex(32), "PYTHONUNBUFFERED": "1"}
     procs: dict[str, subprocess.Popen] = {}
     try:
         for line in nodes:

@@ -10,11 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from model_helpers import model_option
 
+from splitlab.configure import compose_config
+from splitlab.config.schema import Config
 from splitlab.errors import ExitCode
 from splitlab.infer.ring import GenParams
-from splitlab.infer.tiny import reference_tokens, save_tiny
-from splitlab.launch.ring import RingLayout, pick_base_port, run_ring, spawn_stages
+from splitlab.launch.ring import run_ring, spawn_stages
+from splitlab.reference.tiny import reference_tokens, save_tiny
 
 HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
@@ -22,21 +25,25 @@ TOOLS = Path(__file__).resolve().parents[2] / "tools"
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory) -> Path:
-    return save_tiny("tiny_llama", tmp_path_factory.mktemp("tiny_llama"))
+    return save_tiny(model_option("tiny_llama"), tmp_path_factory.mktemp("tiny_llama"))
 
 
-def _layout(model: Path, cuts: list[int], run_id: str) -> RingLayout:
-    return RingLayout(model=str(model), cuts=cuts, hosts=HOSTS, base_port=pick_base_port(HOSTS),
-                      run_id=run_id, ctrl_host=HOSTS[0], extra=["--tokenizer", "gpt2_tokenizer"])  # fmt: skip
+def _config(model: Path, cuts: list[int], max_new_tokens: int) -> Config:
+    """tiny_llama's saved weights with the GPT-2 tokenizer, no control plane, no chat template."""
+    return compose_config([
+        "task=infer", "model=tiny_llama", "model.source=hub", f"model.id={model}",
+        f"architecture.cuts=[{','.join(map(str, cuts))}]", "architecture.window=0",
+        f"architecture.peer_hosts=[{','.join(HOSTS)}]", f"architecture.ctrl_host={HOSTS[0]}",
+        f"task.max_new_tokens={max_new_tokens}", "task.chat=false",
+    ])  # fmt: skip
 
 
 def test_tcp_ring_matches_one_process(tiny_llama, tmp_path) -> None:
-    group, result = run_ring(_layout(tiny_llama, [1, 3], "tcp"), run_dir=tmp_path,
-                             head_args=["--max-new-tokens", "16", "--no-chat"], timeout_s=120)  # fmt: skip
+    group, result = run_ring(_config(tiny_llama, [1, 3], 16), run_dir=tmp_path, timeout_s=120)
     assert group.exit_code == 0, group.diagnosis()
     from transformers import AutoTokenizer
 
-    from splitlab.models import assets
+    from splitlab import assets
 
     tokenizer = AutoTokenizer.from_pretrained(assets.resolve("gpt2_tokenizer"))
     prompt = torch.tensor([tokenizer("What is the capital of France?")["input_ids"]])
@@ -46,8 +53,7 @@ def test_tcp_ring_matches_one_process(tiny_llama, tmp_path) -> None:
 
 
 def test_sigkill_mid_decode_fails_the_others_with_a_diagnosis(tiny_llama, tmp_path) -> None:
-    procs = spawn_stages(_layout(tiny_llama, [1, 3], "kill"), run_dir=tmp_path,
-                         head_args=["--max-new-tokens", "100000", "--no-chat"])  # fmt: skip
+    procs = spawn_stages(_config(tiny_llama, [1, 3], 100000), run_dir=tmp_path)
     trace = tmp_path / "traces" / "stage-0.jsonl"
     try:
         deadline = time.monotonic() + 90

@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from splitlab.cli import compose_config
-from splitlab.launch.train import checkpoint_model, run_finetune
+from splitlab.configure import compose_config
+from splitlab.launch.train import run_finetune
 from splitlab.train.checkpoint import latest_checkpoint
+from splitlab.train.final_eval import checkpoint_model
 
 ONE_BY_ONE = [
     "architecture.owners=1",
@@ -59,7 +60,7 @@ def test_sft_nodes_train_and_checkpoint_the_factors(tmp_path: Path, model: str) 
     cfg, run_dir = run(tmp_path, "sft", *FAMILIES[model], *SFT)
 
     rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
-    assert [(r["round"], r["owner"], r["samples"]) for r in rows] == [("0", "owner0", "8")]
+    assert [(r["round"], r["owner"], r["samples"]) for r in rows] == [("1", "owner0", "8")]
     checkpoint = latest_checkpoint(run_dir / "checkpoints")
     assert checkpoint is not None
     factors = sorted(k for k in checkpoint.state if ".lowrank_" in k)

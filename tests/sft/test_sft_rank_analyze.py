@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from splitlab.analysis import plots
-from splitlab.analysis.report import SFT_RANK_TABLE, analyze_run
+from splitlab.analysis.report import analyze_run
 from splitlab.errors import ConfigError
 
 
@@ -49,7 +49,7 @@ def test_plot_without_low_rank_runs_raises() -> None:
 
 
 def test_analyze_draws_the_study_figure_and_table(tmp_path: Path) -> None:
-    study_table().to_csv(tmp_path / SFT_RANK_TABLE, index=False)
+    study_table().to_csv(tmp_path / "sft_rank.csv", index=False)
 
     report = analyze_run(tmp_path)
 

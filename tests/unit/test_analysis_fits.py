@@ -13,12 +13,16 @@ import pytest
 from splitlab.analysis.fits import (
     CalibrationResult,
     Fit,
+    LoadCost,
     NoFit,
     fit_decode,
     fit_link,
+    fit_load,
     fit_or_null,
     fit_prefill,
+    load_cost,
     schema_diff,
+    select_record,
 )
 
 
@@ -77,6 +81,13 @@ def test_prefill_needs_three_distinct_prompt_lengths() -> None:
     assert isinstance(result, NoFit) and "3" in result.reason
 
 
+def test_prefill_needs_more_points_than_its_three_parameters() -> None:
+    result = fit_prefill([512, 768, 1024], [1.0, 1.5, 2.1])  # would interpolate: r^2 = 1
+    assert isinstance(result, NoFit) and "at least 4" in result.reason
+    fit = fit_prefill([512, 640, 768, 1024], [1.0, 1.2, 1.5, 2.0])
+    assert isinstance(fit, Fit) and fit.n == 4
+
+
 def test_negative_quadratic_is_flagged_unphysical() -> None:
     prompt = np.array([16, 32, 64, 128, 256], dtype=float)
     fit = fit_prefill(prompt, 1.0 + 0.02 * prompt - 1e-5 * prompt**2)
@@ -130,3 +141,59 @@ def test_schema_diff_treats_null_as_not_observed() -> None:
     assert schema_diff({"link": 1.0}, {"link": {"alpha_ms": 1}}) == [
         "type differs: link (float vs dict)"
     ]
+
+
+def test_no_more_distinct_points_than_parameters_is_no_fit() -> None:
+    # 4 points but 2 distinct contexts: the line passes through both means, r^2 says nothing
+    result = fit_decode([128, 128, 2048, 2048], [1.0, 1.1, 2.0, 2.1])
+    assert isinstance(result, NoFit) and "2 distinct x values" in result.reason
+    assert "at least 3" in result.reason and fit_or_null(result) is None
+
+
+def test_load_fit_recovers_fixed_and_per_block_cost() -> None:
+    blocks = np.array([1, 2, 3, 4, 6, 8], dtype=float)
+    fit = fit_load(blocks, 2.0 + 0.75 * blocks)
+    assert isinstance(fit, Fit)
+    assert fit.params == pytest.approx({"fixed_ms": 2.0, "per_block_ms": 0.75}, rel=1e-9)
+    assert fit.r2 == pytest.approx(1.0) and fit.n == 6 and not fit.warnings
+
+
+def test_load_fit_falling_with_blocks_is_flagged() -> None:
+    fit = fit_load([1, 2, 3, 4], [9.0, 7.0, 6.0, 4.0])
+    assert isinstance(fit, Fit) and any("per_block_ms <= 0" in w for w in fit.warnings)
+
+
+def _load_record(load: dict | None) -> dict:
+    record = CalibrationResult(model="tiny", device="cpu", dtype="float32", warnings=("cpu",),
+                               load=load).to_dict()  # fmt: skip
+    return json.loads(json.dumps(record))
+
+
+def test_load_cost_reads_the_calibration_record() -> None:
+    record = _load_record({"fixed_ms": 2.0, "per_block_ms": 0.5, "r2": 0.97, "n": 4,
+                           "cache": "cold", "points": [[1, 2.5], [2, 3.0]]})  # fmt: skip
+    cost = load_cost(select_record({"version": 1, "records": {"tiny|cpu|float32": record}}))
+    assert cost == LoadCost(fixed_ms=2.0, per_block_ms=0.5, r2=0.97, cache="cold")
+    assert cost.ms(3) == pytest.approx(3.5) and cost.ms(0) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("load", "needle"),
+    [(None, "no `load` fit"),
+     ({"params": None, "r2": None, "n": 2, "warnings": ["2 points; a load fit needs at least 3"]},
+      "at least 3"),
+     ({"fixed_ms": 1.0, "per_block_ms": -0.5}, "per_block_ms > 0")],
+)  # fmt: skip
+def test_load_cost_refuses_a_missing_or_unphysical_fit(load: dict | None, needle: str) -> None:
+    with pytest.raises(ValueError, match="load") as error:
+        load_cost(_load_record(load))
+    assert needle in str(error.value)
+
+
+def test_select_record_names_the_keys_when_ambiguous() -> None:
+    document = {"records": {"a|cpu|float32": {"x": 1}, "b|cpu|float32": {"x": 2}}}
+    assert select_record(document, "b|cpu|float32") == {"x": 2}
+    with pytest.raises(ValueError, match="name a key"):
+        select_record(document)
+    with pytest.raises(ValueError, match="'c' not in"):
+        select_record(document, "c")

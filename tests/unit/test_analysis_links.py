@@ -12,9 +12,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from splitlab.analysis.links import NOT_A_LINK, derive_link_params, is_loopback
+from splitlab.analysis.links import (
+    NOT_A_LINK,
+    derive_link_params,
+    format_path,
+    node_host,
+    shaped_paths,
+)
 from splitlab.analysis.synthetic import LOOPBACK_HOST, ring_records, write_traces
 from splitlab.analysis.traces import TraceFormatError, load_traces
+from splitlab.hosts import is_loopback
 
 REPO = Path(__file__).resolve().parents[2]
 ALPHA_MS, BETA_MS_PER_BYTE = (0.4, 0.6, 0.3), (8e-6, 2e-5, 1e-6)
@@ -91,3 +98,42 @@ def test_tool_prints_a_row_per_real_link(tmp_path: Path) -> None:
     result = _run_tool(tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("alpha_ms=") == 2 and NOT_A_LINK not in result.stdout
+
+
+TESTBED = {
+    "links": {
+        "edge1": {"nominal": {"up_mbit": 20.0, "down_mbit": 8.0, "delay_ms": 25.0}},
+        "cloud": {"nominal": {"up_mbit": 0.0, "down_mbit": 0.0, "delay_ms": 0.0}},
+    },
+    "placement": {"owner": ["edge1"], "worker": ["cloud"], "coordinator": ["cloud"]},
+}
+
+
+def _wire(role: str, rank: int, ts: int, **fields: object) -> dict:
+    return {"ts_us": ts, "role": role, "rank": rank, "kind": "transport", **fields}
+
+
+def test_shaped_paths_measure_rate_and_delay_per_direction_from_the_last_counters() -> None:
+    frame = pd.DataFrame([
+        _wire("worker", 0, 1, **{"rx.owner0.stream_bytes": 1.0, "rx.owner0.stream_ms": 1.0}),
+        _wire("worker", 0, 2, **{"rx.owner0.stream_bytes": 2_000_000, "rx.owner0.stream_ms": 1000.0,
+                                 "rx.owner0.stream_frames": 3},
+              held_ms={"owner0": {"frames": 4, "mean_ms": 27.0, "min_ms": 25.2}}),
+        _wire("owner", 0, 3, **{"rx.worker0.stream_bytes": 1_000_000, "rx.worker0.stream_ms": 1000.0,
+                                "rx.worker0.stream_frames": 2},
+              held_ms={"worker0": {"frames": 4, "mean_ms": 26.0, "min_ms": 24.9}}),
+    ])  # fmt: skip
+    paths = {(p.src, p.dst): p for p in shaped_paths(frame, TESTBED)}
+    up, down = paths[("owner0", "worker0")], paths[("worker0", "owner0")]
+    assert (up.src_host, up.dst_host, up.frames) == ("edge1", "cloud", 3)
+    assert up.rate_mbit == pytest.approx(16.0) and up.nominal_mbit == 20.0  # edge1 up: 20
+    assert (up.delay_ms, up.delay_mean_ms, up.nominal_delay_ms) == (24.9, 26.0, 25.0)
+    assert down.rate_mbit == pytest.approx(8.0) and down.nominal_mbit == 8.0  # edge1 down: 8
+    assert down.frames == 2 and down.delay_ms == 25.2
+    assert "0.800x" in format_path(up)
+
+
+def test_node_host_wraps_ranks_and_knows_nothing_of_unplaced_roles() -> None:
+    assert node_host(TESTBED, "owner3") == "edge1"
+    assert node_host(TESTBED, "worker0") == "cloud"
+    assert node_host(TESTBED, "stage0") is None and node_host(TESTBED, "cloud") is None

@@ -73,8 +73,37 @@ def test_wrr_allocation(training: pd.DataFrame, tmp_path: Path) -> None:
 def test_bytes_per_microbatch(training: pd.DataFrame, tmp_path: Path) -> None:
     fig = plots.plot_bytes_per_microbatch(select(training, "microbatch"))
     assert plots.figure_has_data(fig)
-    assert sorted(line.get_label() for line in fig.axes[0].lines) == ["activation", "gradient"]
+    # one panel per lane: an activation and its gradient have the same size, one axis hid one
+    assert [[line.get_label() for line in ax.lines] for ax in fig.axes] == [
+        ["activation"], ["gradient"],
+    ]  # fmt: skip
+    assert all(ax.get_ylabel() == "payload (KiB)" for ax in fig.axes)
     _saves_png(fig, tmp_path / "bytes.png")
+
+
+def test_wrr_with_one_worker_is_not_drawn(training: pd.DataFrame) -> None:
+    one = pd.DataFrame(training_records(num_workers=1))
+    with pytest.raises(ValueError, match="one worker .worker0. takes every microbatch"):
+        plots.plot_wrr(select(one, "wrr"))
+
+
+def test_round_legend_names_owners_once_and_marks_the_merged_model(training: pd.DataFrame) -> None:
+    final = {"round": 4, "split": "test", "val_loss": 0.5, "val_accuracy": 0.75}
+    fig = plots.plot_training_rounds(select(training, "round"), final)
+    ax_loss, ax_acc = fig.axes
+    assert [line.get_label() for line in ax_acc.lines] == ["owner0", "owner1", "merged model (test)"]
+    star = ax_acc.lines[-1]
+    assert (list(star.get_xdata()), list(star.get_ydata())) == ([4], [0.75])
+    assert ax_loss.get_ylabel() == "loss (cross-entropy, nats per example)"
+
+
+def test_causal_lm_rounds_show_perplexity_and_loss_per_token() -> None:
+    rounds = pd.DataFrame({"round": [0, 1], "owner": ["owner0"] * 2, "loss": [3.0, 2.5],
+                           "accuracy": [None, None], "perplexity": [20.1, 12.2]})  # fmt: skip
+    fig = plots.plot_training_rounds(rounds)
+    assert plots.figure_has_data(fig)
+    assert fig.axes[0].get_ylabel() == "loss (cross-entropy, nats per token)"
+    assert fig.axes[1].get_ylabel().startswith("perplexity")
 
 
 def test_sft_rank(tmp_path: Path) -> None:
@@ -130,4 +159,5 @@ def test_sweep_plot_numeric_and_categorical(x: str, tmp_path: Path) -> None:
                           "cut": [1, 1, 2, 2], "tpot_ms_median": [3.0, 4.0, 5.0, np.nan]})  # fmt: skip
     fig = plots.plot_sweep(table, x=x, y="tpot_ms_median", label="cut")
     assert plots.figure_has_data(fig)
+    assert fig.axes[0].get_ylabel() == "tpot_ms_median (ms)"
     _saves_png(fig, tmp_path / "sweep.png")

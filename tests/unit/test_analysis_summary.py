@@ -29,7 +29,7 @@ def test_ring_figures_quote_the_head_decode_tpot() -> None:
     figures = key_figures(frame)
     assert figures["num_tokens"] == 11
     assert figures["tpot_ms_median"] == pytest.approx(pd.Series(head_decode).median())
-    assert "final_loss" not in figures and "num_barriers" not in figures
+    assert "owners_val_loss" not in figures and "num_barriers" not in figures
 
 
 def test_barriers_counted_once_and_migrations_deduplicated() -> None:
@@ -47,10 +47,11 @@ def test_training_figures_and_tables() -> None:
     figures = key_figures(frame)
     last = [r for r in records if r["kind"] == "round" and r["round"] == 2]
     assert figures["num_rounds"] == 3
-    assert figures["final_loss"] == pytest.approx(sum(r["loss"] for r in last) / 2)
+    assert figures["owners_val_loss"] == pytest.approx(sum(r["loss"] for r in last) / 2)
     mb_bytes = sum(r["bytes"] for r in records if r["kind"] == "microbatch")
     assert figures["microbatch_bytes"] == figures["transport_bytes_sent"] == mb_bytes
     assert set(tables(frame)) == {"rounds", "transport"}
+    assert sorted(set(tables(frame)["rounds"]["round"])) == [1, 2, 3]  # as logged, not 0..2
     assert kinds_present(frame) == ["microbatch", "round", "wrr", "transport"]
 
 

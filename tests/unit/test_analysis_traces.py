@@ -1,4 +1,5 @@
-"""Trace loading: concatenation, a truncated last line tolerated, garbage named by file and line.
+"""Trace loading: concatenation, a truncated last line tolerated, garbage named by file and line,
+known fields checked by type, unknown fields and kinds read as they are.
 
 .venv/bin/pytest tests/unit/test_analysis_traces.py -q
 """
@@ -8,11 +9,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from splitlab.analysis.synthetic import ring_records, write_traces
 from splitlab.analysis.traces import TraceFormatError, load_traces, select, transport_by_lane
+from splitlab.telemetry.records import StageMetaRecord
 from splitlab.telemetry.trace import Tracer
 
 
@@ -27,7 +28,7 @@ def test_loads_every_file_of_a_run_folder(tmp_path: Path) -> None:
 
 def test_reads_what_the_tracer_writes(tmp_path: Path) -> None:
     with Tracer.for_run(tmp_path, role="stage", rank=1) as tracer:
-        tracer.emit("stage_meta", stage=1, host="10.0.0.2", peer_host="10.0.0.3")
+        tracer.write(StageMetaRecord(stage=1, host="10.0.0.2", peer_host="10.0.0.3"))
     meta = select(load_traces(tmp_path / "traces"), "stage_meta")
     assert meta.loc[0, ["role", "rank", "host"]].tolist() == ["stage", 1, "10.0.0.2"]
 
@@ -84,13 +85,36 @@ def test_transport_counters_in_both_shapes(tmp_path: Path) -> None:
     ]
 
 
-def test_ring_runtime_spellings_are_normalised() -> None:
-    frame = pd.DataFrame([
-        {"ts_us": 1, "role": "stage", "rank": 1, "kind": "stage_meta", "stage": 1,
-         "bind": "10.0.0.2", "peers": ["10.0.0.1", "10.0.0.2", "10.0.0.3"]},
-        {"ts_us": 2, "role": "stage", "rank": 1, "kind": "token", "token": 0, "compute_ms": 1.0,
-         "recv_wait_ms": 2.0, "bytes": 128},
-    ])  # fmt: skip
-    meta, tokens = select(frame, "stage_meta"), select(frame, "token")
-    assert meta.loc[0, ["host", "peer_host"]].tolist() == ["10.0.0.2", "10.0.0.3"]
-    assert tokens.loc[0, "stage"] == 1
+def test_unknown_fields_and_kinds_from_a_newer_writer_are_read(tmp_path: Path) -> None:
+    base = {"role": "stage", "rank": 0}
+    write_traces([
+        {**base, "ts_us": 1, "kind": "token", "stage": 0, "token": 0, "compute_ms": 1.0,
+         "recv_wait_ms": 2.0, "send_ms": 0.1, "bytes": 128, "future_ms": [1, 2]},
+        {**base, "ts_us": 2, "kind": "future_kind", "stage": "anything", "n": {"x": 1}},
+    ], tmp_path)  # fmt: skip
+    frame = load_traces(tmp_path)
+    tokens = select(frame, "token")
+    assert tokens.loc[0, "future_ms"] == [1, 2] and tokens.loc[0, "bytes"] == 128
+    assert select(frame, "future_kind").loc[0, "stage"] == "anything"
+
+
+def test_a_known_field_of_the_wrong_type_is_named(tmp_path: Path) -> None:
+    record = {"ts_us": 1, "role": "stage", "rank": 0, "kind": "token", "stage": 0, "token": 0,
+              "compute_ms": "fast", "recv_wait_ms": 2.0, "send_ms": 0.1, "bytes": 128}  # fmt: skip
+    write_traces([record], tmp_path)
+    named = r"stage-0\.jsonl:1: 'token' field 'compute_ms' is str"
+    with pytest.raises(TraceFormatError, match=named):
+        load_traces(tmp_path)
+
+
+def test_a_base_field_of_the_wrong_type_is_named(tmp_path: Path) -> None:
+    write_traces([{"ts_us": 1, "role": "stage", "rank": "0", "kind": "x"}], tmp_path)
+    with pytest.raises(TraceFormatError, match=r"field 'rank' is str '0', expected int"):
+        load_traces(tmp_path)
+
+
+def test_select_types_declared_int_columns(tmp_path: Path) -> None:
+    write_traces(ring_records(num_stages=2, num_requests=1, decode_tokens=2,
+                              alpha_ms=[0.4], beta_ms_per_byte=[1e-5]), tmp_path)  # fmt: skip
+    tokens = select(load_traces(tmp_path), "token")  # stage_meta rows leave token NaN in the frame
+    assert tokens["token"].dtype == "int64" and tokens["prefill"].dtype == bool

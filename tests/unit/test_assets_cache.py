@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from splitlab import assets
 from splitlab.errors import AssetError
-from splitlab.models import assets
 
 
 @dataclass
@@ -73,6 +73,18 @@ def test_fetch_extracts_member_folder(fake_asset: FakeAsset) -> None:
     assert (path / "sub" / "b.txt").read_text() == "beta"
     assert not (path / "other.py").exists()
     assert assets.is_cached("fake")
+
+
+def test_a_fetch_is_one_line_and_a_cached_asset_none(
+    fake_asset: FakeAsset, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("INFO"):
+        path = assets.fetch("fake")
+        assets.fetch("fake")
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1
+    assert lines[0].startswith("fetching asset fake (fake-pkg==1.0): 4 steps in ")
+    assert lines[0].endswith(f", ready at {path}")
 
 
 def test_second_fetch_does_not_download(fake_asset: FakeAsset) -> None:

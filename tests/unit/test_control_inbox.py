@@ -10,7 +10,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from splitlab.control.inbox import Inbox, Verdict
-from splitlab.control.messages import Abort, Commit, Kind, Message, Open, Plan, Start, Update
+from splitlab.control.messages import (
+    Abort,
+    BusMessage,
+    Commit,
+    Kind,
+    Open,
+    Plan,
+    Start,
+    Update,
+)
 from splitlab.errors import ProtocolError
 
 
@@ -125,7 +134,7 @@ def test_round_scoped_duplicates_are_suppressed_across_windows() -> None:
     assert inbox.offer(start) is Verdict.DUPLICATE
 
 
-def _opens(window: int) -> list[Message]:
+def _opens(window: int) -> list[BusMessage]:
     return [
         Open(session_id="s", sender=f"w{i}", window_id=window, group_total=4, credit=2)
         for i in range(3)
@@ -156,3 +165,19 @@ def test_has_sees_aborts_and_matching_kinds_only() -> None:
     assert inbox.has((Kind.PLAN,)) and not inbox.has((Kind.OPEN,))
     inbox.offer(_abort())
     assert inbox.has((Kind.OPEN,))
+
+
+def test_messages_from_senders_outside_the_peers_are_refused_and_counted() -> None:
+    inbox = Inbox("s", peers=["o0", "w1", "coordinator"])
+    stranger = Abort(session_id="s", sender="intruder", reason="stop", cause_node="o0")
+    assert inbox.offer(stranger) is Verdict.UNKNOWN
+    assert inbox.offer(stranger) is Verdict.UNKNOWN
+    assert inbox.offer(_plan(0, sender="o9")) is Verdict.UNKNOWN
+    assert inbox.aborted is None and inbox.pop() is None
+    assert inbox.unknown_senders == {"intruder": 2, "o9": 1}
+    assert inbox.offer(_abort()) is Verdict.ACCEPTED  # from w1, a peer
+    assert inbox.pop() == _abort()
+
+
+def test_without_peers_any_sender_is_accepted() -> None:
+    assert Inbox("s").offer(_plan(0, sender="anyone")) is Verdict.ACCEPTED

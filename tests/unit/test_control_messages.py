@@ -5,7 +5,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
+import re
 import struct
 
 import pytest
@@ -16,6 +19,7 @@ from splitlab.control.messages import (
     MESSAGE_TYPES,
     PROTOCOL_VERSION,
     Abort,
+    BusMessage,
     Commit,
     Kind,
     Message,
@@ -23,6 +27,7 @@ from splitlab.control.messages import (
     Register,
     Start,
     Update,
+    _schema,
     decode,
     encode,
 )
@@ -31,8 +36,14 @@ from splitlab.errors import ProtocolError
 _SAFETENSORS_EMPTY = struct.pack("<Q", 2) + b"{}"
 
 
-def _frame(header: dict, blob: bytes = b"") -> bytes:
-    raw = json.dumps(header).encode()
+BUS_KINDS = [k for k, cls in MESSAGE_TYPES.items() if issubclass(cls, BusMessage)]
+
+
+def _frame(header: dict, blob: bytes = b"", tensors: list | None = None) -> bytes:
+    """A frame as a peer could write it: `v` and `kind` on top, every other field in `meta`."""
+    meta = {k: v for k, v in header.items() if k not in ("v", "kind")}
+    raw = json.dumps({"v": header["v"], "kind": header["kind"], "lane": "activation", "src": None,
+                      "prio": 0, "ids": {}, "meta": meta, "tensors": tensors or []}).encode()  # fmt: skip
     return struct.pack(">I", len(raw)) + raw + blob
 
 
@@ -69,7 +80,7 @@ def _sample(kind: Kind) -> Message:
     return MESSAGE_TYPES[kind](**common, **extra)
 
 
-@pytest.mark.parametrize("kind", list(Kind))
+@pytest.mark.parametrize("kind", BUS_KINDS)
 def test_every_kind_round_trips(kind: Kind) -> None:
     msg = _sample(kind)
     assert decode(encode(msg)) == msg
@@ -85,16 +96,17 @@ def test_update_weights_travel_as_raw_bytes_not_in_the_header() -> None:
     msg = _sample(Kind.UPDATE)
     data = encode(msg)
     assert data.endswith(_SAFETENSORS_EMPTY)
-    assert "weights" not in json.loads(data[4 : 4 + struct.unpack(">I", data[:4])[0]])
+    header = json.loads(data[4 : 4 + struct.unpack(">I", data[:4])[0]])
+    assert "weights" not in header and "weights" not in header["meta"]
 
 
 def test_unknown_fields_are_ignored() -> None:
-    header = _sample(Kind.OPEN).to_dict() | {"from_the_future": {"x": 1}, "blob_bytes": 0}
+    header = _sample(Kind.OPEN).to_dict() | {"from_the_future": {"x": 1}}
     assert decode(_frame(header)) == _sample(Kind.OPEN)
 
 
 def test_missing_optional_field_takes_its_default() -> None:
-    header = {"v": 1, "kind": "commit", "session_id": "s", "sender": "w", "blob_bytes": 0}
+    header = {"v": 1, "kind": "commit", "session_id": "s", "sender": "w"}
     assert decode(_frame(header)) == Commit(session_id="s", sender="w")
 
 
@@ -105,24 +117,32 @@ def test_missing_optional_field_takes_its_default() -> None:
         ({"kind": "exec"}, "unknown control message kind"),
         ({"credit": "2"}, "open.credit"),
         ({"credit": True}, "open.credit"),
-        ({"blob_bytes": 5}, "blob_bytes"),
     ],
 )
 def test_malformed_header_names_the_problem(change: dict, needle: str) -> None:
-    header = _sample(Kind.OPEN).to_dict() | {"blob_bytes": 0} | change
+    header = _sample(Kind.OPEN).to_dict() | change
     with pytest.raises(ProtocolError, match=needle):
         decode(_frame(header))
 
 
+@pytest.mark.parametrize(("kind", "blob", "needle"), [
+    (Kind.UPDATE, b"", "payload bytes announced"), (Kind.OPEN, b"\0" * 5, "unexpected payload"),
+])  # fmt: skip
+def test_payload_must_be_what_the_header_announces(kind: Kind, blob: bytes, needle: str) -> None:
+    spec = {"name": "weights", "dtype": "uint8", "shape": [5], "bytes": 5}
+    with pytest.raises(ProtocolError, match=needle):
+        decode(_frame(_sample(kind).to_dict(), blob, [spec]))
+
+
 def test_missing_required_field_is_named() -> None:
-    header = _sample(Kind.ABORT).to_dict() | {"blob_bytes": 0}
+    header = _sample(Kind.ABORT).to_dict()
     del header["cause_node"]
     with pytest.raises(ProtocolError, match="cause_node"):
         decode(_frame(header))
 
 
 def test_nested_types_are_checked() -> None:
-    header = _sample(Kind.PLAN).to_dict() | {"blob_bytes": 0, "counts_by_worker": {"w0": 1.5}}
+    header = _sample(Kind.PLAN).to_dict() | {"counts_by_worker": {"w0": 1.5}}
     with pytest.raises(ProtocolError, match="counts_by_worker"):
         decode(_frame(header))
 
@@ -180,5 +200,58 @@ def test_register_and_start_keys_distinguish_incarnation_and_round() -> None:
     assert r0.dedup_key() != r1.dedup_key() and s0.dedup_key() != s1.dedup_key()
 
 
+def test_field_checks_are_resolved_once_per_class() -> None:
+    data = encode(_sample(Kind.OPEN))
+    decode(data)
+    misses = _schema.cache_info().misses
+    decode(data)
+    assert _schema.cache_info().misses == misses
+
+
+def test_non_finite_metrics_travel_as_null() -> None:
+    msg = Update(session_id="s", sender="o", round_id=0, num_samples=1, partition="owner",
+                 metrics={"loss": float("nan"), "acc": 0.5})  # fmt: skip
+    assert decode(encode(msg)).metrics == {"loss": None, "acc": 0.5}
+
+
 def test_abort_kind_property() -> None:
     assert Abort(session_id="s", sender="a", reason="r", cause_node="a").kind is Kind.ABORT
+
+
+@pytest.mark.parametrize(
+    ("kind", "change", "needle"),
+    [
+        (Kind.REGISTER, {"compute_weight": math.nan}, "'compute_weight' = nan"),
+        (Kind.REGISTER, {"compute_weight": -1e308}, "'compute_weight' = -1e+308"),
+        (Kind.REGISTER, {"compute_weight": 0.0}, "'compute_weight' = 0.0"),
+        (Kind.REGISTER, {"port": 70000}, "'port' = 70000"),
+        (Kind.REGISTER, {"port": -1}, "'port' = -1"),
+        (Kind.REGISTER, {"incarnation": -1}, "'incarnation' = -1"),
+        (Kind.UPDATE, {"num_samples": -5}, "'num_samples' = -5"),
+        (Kind.UPDATE, {"round_id": -1}, "'round_id' = -1"),
+        (Kind.START, {"round_id": -2}, "'round_id' = -2"),
+        (Kind.START, {"data_key_hex": "zz" * 32}, "'data_key_hex'"),
+        (Kind.PLAN, {"counts_by_worker": {"w0": -1}}, "'counts_by_worker'"),
+        (Kind.OPEN, {"credit": -3}, "'credit' = -3"),
+        (Kind.DRAINED, {"num_microbatches": -1}, "'num_microbatches' = -1"),
+        (Kind.COMMIT, {"tokens_per_s": -1.0}, "'tokens_per_s' = -1.0"),
+        (Kind.STOP, {"window_id": -1}, "'window_id' = -1"),
+        (Kind.ABORT, {"microbatch_id": -2}, "'microbatch_id' = -2"),
+    ],
+)
+def test_out_of_range_fields_are_refused_at_decode_by_name(
+    kind: Kind, change: dict, needle: str
+) -> None:
+    data = encode(dataclasses.replace(_sample(kind), **change))  # the sender checks nothing
+    with pytest.raises(ProtocolError, match=re.escape(f"{kind.value}: field {needle}")):
+        decode(data)
+
+
+def test_edge_values_in_range_are_accepted() -> None:
+    cases = [(Kind.REGISTER, {"port": 0}), (Kind.REGISTER, {"port": 65535}),
+             (Kind.REGISTER, {"compute_weight": 1e-9}), (Kind.UPDATE, {"num_samples": 0}),
+             (Kind.START, {"data_key_hex": ""}),  # the node then uses its environment's key
+             (Kind.COMMIT, {"tokens_per_s": None})]  # fmt: skip
+    for kind, change in cases:
+        msg = dataclasses.replace(_sample(kind), **change)
+        assert decode(encode(msg)) == msg

@@ -13,8 +13,9 @@ from data_helpers import file_data_config, sentiment_frame, word_tokenizer, writ
 
 from splitlab.config.enums import DataDistribution, DataSource, TaskKind
 from splitlab.config.schema import DataConfig
-from splitlab.data.owners import build_owner_datasets, build_test_shard
+from splitlab.data.owners import build_owner_datasets, build_test_shard, owner_counts
 from splitlab.errors import ConfigError
+from splitlab.train.feed import OwnerFeed
 
 
 @pytest.fixture
@@ -136,7 +137,7 @@ def test_gsm_symbolic_builds_iid_and_dirichlet_shards() -> None:
 def test_rotten_tomatoes_with_the_gpt2_tokenizer_batches() -> None:
     from transformers import AutoTokenizer
 
-    from splitlab.models.assets import fetch
+    from splitlab.assets import fetch
 
     cfg = DataConfig(
         name="rotten_tomatoes", source=DataSource.packaged, task=TaskKind.classification
@@ -147,3 +148,21 @@ def test_rotten_tomatoes_with_the_gpt2_tokenizer_batches() -> None:
     assert [len(s) for s in owners] == [512, 512] and len(val) == 256
     assert batch["input_ids"].shape[1] <= cfg.max_length
     assert owners[0].pad_id == tokenizer.eos_token_id == 50256
+
+
+@pytest.mark.parametrize("distribution", ["iid", "dirichlet"])
+def test_one_count_per_owner_and_an_empty_owner(csv_path: Path, distribution: str) -> None:
+    cfg = _cfg(csv_path, samples_per_owner=[50, 20, 0], distribution=DataDistribution(distribution))
+    groups = _ids(cfg)
+    assert [len(g) for g in groups] == [50, 20, 0, 30]
+    feed = OwnerFeed(cfg, word_tokenizer(), owner_index=2, num_owners=3, batch_size=4)
+    assert feed.round_batches(0) == []  # nothing to train on, but a shard to stand on
+    assert len(feed.val_batches(0)) == 8  # it still validates on the shared held-out set
+
+
+def test_quantity_skew_is_seeded_and_keeps_the_total(csv_path: Path) -> None:
+    cfg = _cfg(csv_path, quantity_skew_alpha=0.5)
+    sizes = [len(g) for g in _ids(cfg)[:3]]
+    assert sum(sizes) == 120 and len(set(sizes)) > 1
+    assert owner_counts(cfg, 3) == sizes
+    assert owner_counts(_cfg(csv_path, quantity_skew_alpha=0.5, seed=2), 3) != sizes

@@ -14,7 +14,7 @@ from data_helpers import file_data_config, sentiment_frame, write_table
 
 from splitlab.config.enums import DataSource, TaskKind
 from splitlab.config.schema import DataConfig
-from splitlab.data.sources import label_ids, load_examples
+from splitlab.data.sources import label_ids, load_examples, usable_rows
 from splitlab.errors import ConfigError
 
 
@@ -81,6 +81,31 @@ def test_rows_with_missing_text_are_dropped(tmp_path: Path) -> None:
     frame = pd.DataFrame({"text": ["good", None, "bad"], "label": ["pos", "pos", "neg"]})
     ex = load_examples(file_data_config(write_table(frame, tmp_path / "d.csv")))
     assert ex.texts == ["good", "bad"]
+
+
+def test_blank_and_whitespace_labels_are_dropped_and_counted() -> None:
+    frame = pd.DataFrame({"text": ["a", "b", "c", "d", None],
+                          "label": ["pos", None, " ", "neg", "pos"]})  # fmt: skip
+    kept, dropped = usable_rows(frame, file_data_config(Path("d.csv")))
+    assert kept["text"].tolist() == ["a", "d"]
+    assert dropped == 3
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "named"),
+    [
+        ("empty.csv", b"", "is empty (0 bytes)"),
+        ("latin1.csv", b"text,label\ncaf\xe9,pos\n", "is not UTF-8 text (byte 0xe9"),
+        ("latin1.jsonl", b'{"text": "caf\xe9", "label": "pos"}\n', "is not UTF-8 text"),
+        ("broken.jsonl", b'{"text": "a", "label"\n', "cannot read it as .jsonl"),
+    ],
+)
+def test_unreadable_file_names_it(tmp_path: Path, name: str, content: bytes, named: str) -> None:
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(ConfigError) as info:
+        load_examples(file_data_config(path))
+    assert f"data.path={str(path)!r}" in str(info.value) and named in str(info.value)
 
 
 def test_causal_lm_file_keeps_answers_as_targets(tmp_path: Path) -> None:
@@ -199,3 +224,13 @@ def test_rotten_tomatoes_plot_rows_join_when_named() -> None:
         labels=["rotten", "fresh", "plot"],
     )
     assert load_examples(cfg).labels.count(2) == 1083  # 1,097 plot rows, 14 without text
+
+
+def test_hub_configuration_name_reaches_load_dataset() -> None:
+    from splitlab.configure import compose_config
+    from splitlab.data.sources import hub_load_args
+
+    cfg = compose_config(["model=tiny_gpt2", "data=gsm8k"]).data
+    assert hub_load_args(cfg) == (("openai/gsm8k", "main"), {"split": "train"})
+    cfg.hub_config = None
+    assert hub_load_args(cfg) == (("openai/gsm8k",), {"split": "train"})

@@ -16,6 +16,7 @@ from splitlab.data.split import (
     holdout_split,
     iid_split,
     label_proportions,
+    owner_sizes,
     rebalance_mixes,
     round_seed,
 )
@@ -157,3 +158,37 @@ def test_round_seeds_differ_across_rounds_and_repeat() -> None:
     assert len(set(seeds)) == 20
     assert seeds == [round_seed(1, r) for r in range(20)]
     assert round_seed(2, 0) not in seeds
+
+
+def test_owner_sizes_one_count_a_list_or_a_seeded_skew() -> None:
+    assert owner_sizes(8, 3) == [8, 8, 8]
+    assert owner_sizes([10, 4, 0], 3) == [10, 4, 0]
+    skewed = owner_sizes(100, 4, skew_alpha=0.3, seed=2)
+    assert sum(skewed) == 400 and min(skewed) >= 0
+    assert max(skewed) - min(skewed) > 100  # alpha 0.3 is far from equal shares
+    assert skewed == owner_sizes(100, 4, skew_alpha=0.3, seed=2)
+    assert skewed != owner_sizes(100, 4, skew_alpha=0.3, seed=3)
+    even = owner_sizes(100, 4, skew_alpha=1e4, seed=2)
+    assert max(even) - min(even) <= 6  # a large alpha gives near-equal shares
+
+
+@pytest.mark.parametrize(
+    ("counts", "skew", "match"),
+    [([5, 2], None, "2 counts"), ([5, -1, 2], None, ">= 0"), ([0, 0, 0], None, ">= 1 example"),
+     ([5, 2, 0], 1.0, "draws the counts itself"), (4, 0.0, "skew alpha")],
+)  # fmt: skip
+def test_owner_sizes_refuses(counts, skew, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        owner_sizes(counts, 3, skew_alpha=skew)
+
+
+def test_splits_take_one_count_per_owner_and_an_empty_owner() -> None:
+    iid = iid_split(2000, 3, [500, 200, 0], seed=1)
+    assert [len(s) for s in iid] == [500, 200, 0]
+    assert iid[0] == iid_split(2000, 3, 500, seed=1)[0]  # the first shard does not move
+    skewed = dirichlet_split(LABELS, 3, 0.5, [500, 200, 0], seed=1)
+    assert [len(s) for s in skewed] == [500, 200, 0]
+    flat = [i for s in skewed for i in s]
+    assert len(flat) == len(set(flat))
+    with pytest.raises(ValueError, match="examples available"):
+        iid_split(600, 3, [500, 200, 0], seed=1)

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from splitlab.config.enums import DriftName
+from splitlab.config.load import CONF_DIR
 from splitlab.drift.profiles import (
     PEAK_C,
     PROFILES,
@@ -29,8 +29,8 @@ def column(records: list[DriftRecord], stage: int) -> list[DriftRecord]:
     return [r for r in records if r.stage == stage]
 
 
-def test_every_replayable_drift_name_has_a_profile() -> None:
-    replayable = {n.value for n in DriftName} - {"none", "live"}
+def test_every_replayable_drift_option_has_a_profile() -> None:
+    replayable = {p.stem for p in (CONF_DIR / "drift").glob("*.yaml")} - {"none", "live"}
     assert set(PROFILES) == replayable
 
 
@@ -117,6 +117,12 @@ def test_link_degrade_worsens_monotonically_on_slow_stage_only() -> None:
     assert links[0] == 1.0 and links == sorted(links, reverse=True)
     assert links[-1] == pytest.approx(1 / 1.5)
     assert {r.link_factor for r in column(records, 2)} == {1.0}
+
+
+def test_cpu_throttle_steps_down_at_period_tokens_on_slow_stage_only() -> None:
+    phis = [r.phi for r in column(generate("cpu_throttle", P), 1)]
+    assert set(phis[:60]) == {1.0} and set(phis[60:]) == {1.5}
+    assert {r.phi for r in column(generate("cpu_throttle", P), 0)} == {1.0}
 
 
 def test_compute_load_rises_with_phi() -> None:

@@ -14,7 +14,7 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from splitlab.config.enums import DriftName, DriftSource
+from splitlab.config.enums import DriftSource
 from splitlab.config.schema import DriftConfig
 from splitlab.drift.contract import OBS_KEYS, Observation
 from splitlab.drift.inject import inject, sleep_ms_for
@@ -215,7 +215,7 @@ def test_inject_without_drift_does_not_sleep() -> None:
 
 
 def config(**kw: object) -> DriftConfig:
-    base = {"name": DriftName.one_slow_node, "source": DriftSource.replay, "length_tokens": 40}
+    base = {"name": "one_slow_node", "source": DriftSource.replay, "length_tokens": 40}
     return DriftConfig(**{**base, **kw})
 
 
@@ -244,7 +244,7 @@ def test_make_source_rejects_a_trace_for_another_ring(trace_path: Path) -> None:
 
 
 def test_make_source_is_none_when_drift_is_off() -> None:
-    cfg = config(name=DriftName.none, source=DriftSource.none)
+    cfg = config(name="none", source=DriftSource.none)
     assert make_source(cfg, stage=0, num_stages=3, run_id="r", run_dir=None) is None
 
 

@@ -7,13 +7,14 @@ never fills, so its positions restarted at 0 every decode step. These tests pin 
 from __future__ import annotations
 
 import torch
+from model_helpers import model_option
 
 from splitlab.infer.ring import GenParams
-from splitlab.infer.tiny import local_ring, save_tiny
+from splitlab.reference.tiny import local_ring, save_tiny
 
 
 def test_every_stage_sees_absolute_positions(tmp_path) -> None:
-    folder = save_tiny("tiny_llama", tmp_path / "m")
+    folder = save_tiny(model_option("tiny_llama"), tmp_path / "m")
     prompt = torch.arange(5, 12).unsqueeze(0)
     _, computes = local_ring(folder, [1, 3], prompt, GenParams(max_new_tokens=6))
     expected = [0, 7, 8, 9, 10, 11]
@@ -22,7 +23,7 @@ def test_every_stage_sees_absolute_positions(tmp_path) -> None:
 
 
 def test_non_head_cache_layer_zero_stays_empty_but_owned_blocks_fill(tmp_path) -> None:
-    folder = save_tiny("tiny_llama", tmp_path / "m")
+    folder = save_tiny(model_option("tiny_llama"), tmp_path / "m")
     prompt = torch.arange(5, 12).unsqueeze(0)
     _, computes = local_ring(folder, [2], prompt, GenParams(max_new_tokens=4))
     tail = computes[1]
@@ -52,7 +53,7 @@ def _replay(computes, prompt, tokens, *, buggy: bool) -> list[torch.Tensor]:
 
 def test_position_restart_changes_decode_logits_only(tmp_path) -> None:
     """The predecessor's bug is not benign: prefill agrees, every decode step after it differs."""
-    folder = save_tiny("tiny_llama", tmp_path / "m", overrides=("model.hidden_size=64",))
+    folder = save_tiny(model_option("tiny_llama", "model.hidden_size=64"), tmp_path / "m")
     prompt = torch.arange(5, 12).unsqueeze(0)
     good, computes = local_ring(folder, [2], prompt, GenParams(max_new_tokens=5))
     right = _replay(computes, prompt, good.token_ids, buggy=False)

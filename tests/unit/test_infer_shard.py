@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import logging
+import logging.handlers
 
 import pytest
 import torch
+from model_helpers import model_option
 from safetensors.torch import load_file, save_file
 
 from splitlab.errors import AssetError
-from splitlab.infer.tiny import save_tiny
 from splitlab.models.plan import Span, ring_plan
 from splitlab.models.shard import (
     load_blocks,
@@ -19,16 +21,17 @@ from splitlab.models.shard import (
     owned_bytes,
     resident_bytes,
 )
+from splitlab.reference.tiny import save_tiny
 
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
-    return save_tiny("tiny_llama", tmp_path_factory.mktemp("llama"))
+    return save_tiny(model_option("tiny_llama"), tmp_path_factory.mktemp("llama"))
 
 
 @pytest.fixture(scope="module")
 def gpt2(tmp_path_factory):
-    return save_tiny("tiny_gpt2", tmp_path_factory.mktemp("gpt2"))
+    return save_tiny(model_option("tiny_gpt2"), tmp_path_factory.mktemp("gpt2"))
 
 
 def _no_meta(module: torch.nn.Module) -> bool:
@@ -71,6 +74,28 @@ def test_hf_loader_materialises_the_whole_model(llama) -> None:
     shard, _ = load_part(index, span)
     assert report.peak_weight_bytes > 10 * report.resident_weight_bytes  # embeddings dominate
     assert report.resident_weight_bytes == resident_bytes(shard)
+
+
+def test_hf_loader_reports_in_one_splitlab_line_not_transformers_report(
+    llama, tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    tensors = load_file(str(llama / "model.safetensors"))
+    tensors["model.extra.weight"] = torch.zeros(2)  # transformers' report: UNEXPECTED
+    (tmp_path / "config.json").write_text((llama / "config.json").read_text())
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    hf_root = logging.getLogger("transformers")  # its own handler; it does not propagate
+    hf_root.addHandler(hf_records := logging.handlers.BufferingHandler(1000))
+    try:
+        with caplog.at_level("INFO", logger="splitlab.models.shard"):
+            load_part_hf(tmp_path, Span(1, 3))
+    finally:
+        hf_root.removeHandler(hf_records)
+
+    lines = [r.getMessage() for r in caplog.records if r.name == "splitlab.models.shard"]
+    assert len(lines) == 1
+    assert lines[0].startswith(f"loaded llama weights from {tmp_path} in ")
+    assert lines[0].endswith("; nothing newly initialised; unused in the folder: model.extra")
+    assert not [r for r in hf_records.buffer if r.levelno >= logging.WARNING]
 
 
 def test_bf16_dtype(llama) -> None:

@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 import time
 from pathlib import Path
 
-from splitlab.launch.supervisor import ChildSpec, run_group
+import pytest
+
+from splitlab.errors import ExitCode
+from splitlab.launch.supervisor import (
+    ChildResult,
+    ChildSpec,
+    GroupResult,
+    cause_rank,
+    exit_meaning,
+    root_cause,
+    run_group,
+)
 
 PY = sys.executable
 
@@ -70,3 +82,131 @@ def test_signal_death_is_reported_like_a_shell() -> None:
         [_child("victim", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")], sink=None
     )
     assert result.exit_code == 128 + 9
+
+
+# ---- the root cause wins, not whoever exited first (issue 18, F4) ----
+
+
+@pytest.mark.parametrize(
+    ("code", "rank"),
+    [(0, None), (8, 2), (3, 1), (4, 1), (1, 0), (2, 0), (5, 0), (6, 0), (7, 0), (137, 0),
+     (-9, 0), (143, 0), (99, 0)],
+)  # fmt: skip
+def test_cause_rank_puts_relayed_aborts_last(code: int, rank: int | None) -> None:
+    assert cause_rank(code) == rank
+
+
+def test_cause_rank_covers_every_exit_code() -> None:
+    ranks = {code: cause_rank(code) for code in range(-64, 256)}
+    assert ranks[0] is None
+    assert {c for c, r in ranks.items() if r == 2} == {int(ExitCode.ABORTED)}
+    assert {c for c, r in ranks.items() if r == 1} == {
+        int(ExitCode.PEER_LOST), int(ExitCode.TIMEOUT)
+    }
+    assert all(r == 0 for c, r in ranks.items() if c not in (0, 3, 4, 8))
+
+
+@pytest.mark.parametrize(
+    ("exits", "cause"),
+    [
+        ([], None),
+        ([("coordinator", 8), ("owner0", 4), ("owner1", 4)], "owner0"),  # frozen worker
+        ([("coordinator", 8), ("owner1", 8), ("owner0", 2)], "owner0"),  # missing label column
+        ([("coordinator", 8), ("owner0", 3), ("worker0", 5)], "worker0"),  # lr=1e6
+        ([("owner0", 3), ("owner1", 4)], "owner0"),  # same rank: earliest
+        ([("worker0", 137), ("owner0", 3)], "worker0"),  # a SIGKILL is a cause
+        ([("coordinator", 8), ("owner0", 8)], "coordinator"),  # only consequences: earliest
+        ([("a", 1), ("b", 2)], "a"),  # two root causes: earliest
+    ],
+    ids=["none", "frozen", "config", "nonfinite", "earliest", "killed", "aborts", "two-roots"],
+)
+def test_root_cause_is_the_earliest_of_the_best_rank(
+    exits: list[tuple[str, int]], cause: str | None
+) -> None:
+    assert root_cause(exits) == cause
+
+
+def test_root_cause_of_every_order_of_a_mixed_group() -> None:
+    group = [("coordinator", 8), ("owner0", 3), ("worker0", 5), ("owner1", 8)]
+    for order in itertools.permutations(group):
+        assert root_cause(list(order)) == "worker0"
+    for order in itertools.permutations([e for e in group if e[0] != "worker0"]):
+        assert root_cause(list(order)) == "owner0"
+
+
+def _exit_after(delay_s: float, code: int, line: str) -> str:
+    return f"import sys, time; time.sleep({delay_s}); print({line!r}); sys.exit({code})"
+
+
+def test_a_relayed_abort_exiting_first_does_not_hide_the_root_cause() -> None:
+    result = run_group(
+        [
+            _child("coordinator", _exit_after(0.2, 8, "aborted by owner0")),
+            _child("owner0", _exit_after(1.5, 2, "data.label_column 'label' is missing")),
+            _child("worker0", "import time; time.sleep(60)"),
+        ],
+        sink=None,
+        grace_s=1,
+    )
+
+    assert result.first_failure == "owner0" and result.exit_code == 2
+    assert "label_column" in result.diagnosis()
+    assert "coordinator" in result.diagnosis()  # the consequences are listed too
+    assert result.children["worker0"].killed
+
+
+def test_the_grace_for_a_root_cause_is_bounded() -> None:
+    start = time.monotonic()
+    result = run_group(
+        [
+            _child("coordinator", _exit_after(0.2, 8, "aborted")),
+            _child("late", _exit_after(30, 2, "too late")),
+        ],
+        sink=None,
+        grace_s=1,
+        cause_grace_s=1.0,
+    )
+
+    assert result.first_failure == "coordinator" and result.exit_code == 8
+    assert time.monotonic() - start < 10
+
+
+def test_a_root_cause_stops_the_group_without_waiting_for_the_grace() -> None:
+    start = time.monotonic()
+    result = run_group(
+        [_child("crasher", _exit_after(0.1, 5, "nan")), _child("s", "import time; time.sleep(60)")],
+        sink=None,
+        grace_s=1,
+        cause_grace_s=30.0,
+    )
+
+    assert result.exit_code == 5
+    assert time.monotonic() - start < 10
+
+
+@pytest.mark.parametrize(
+    ("code", "meaning"),
+    [(None, "still running"), (0, "ok"), (8, "aborted"), (5, "non_finite"),
+     (-9, "killed by SIGKILL"), (143, "killed by SIGTERM"), (42, "unclassified")],
+)  # fmt: skip
+def test_exit_meaning_names_the_code(code: int | None, meaning: str) -> None:
+    assert exit_meaning(code) == meaning
+
+
+def test_diagnosis_names_the_cause_the_consequences_and_the_torn_down() -> None:
+    result = GroupResult(
+        exit_code=5,
+        first_failure="worker0",
+        children={
+            "coordinator": ChildResult("coordinator", 8, ["aborted by worker0"]),
+            "worker0": ChildResult("worker0", 5, ["non-finite gradient in layers.1"]),
+            "owner0": ChildResult("owner0", -15, [], killed=True),
+        },
+    )
+
+    text = result.diagnosis()
+
+    assert text.startswith("worker0 failed first with exit code 5 (non_finite)")
+    assert "non-finite gradient in layers.1" in text
+    assert "also failed (consequences): coordinator (exit 8, aborted)" in text
+    assert text.endswith("torn down: owner0")

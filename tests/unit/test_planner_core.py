@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from splitlab.config.schema import AdaptivePlannerConfig, NoopPlannerConfig, PlannerConfig
 from splitlab.errors import ConfigError
 from splitlab.infer.planners import (
     Adaptive,
@@ -18,6 +19,7 @@ from splitlab.infer.planners import (
     predict,
     stage_model,
 )
+from splitlab.infer.reshard import check_cuts
 
 
 def _stats(
@@ -33,7 +35,7 @@ def _view(cuts, stats, token=40, num_layers=30) -> WindowView:
 
 
 def test_noop_never_moves() -> None:
-    d = make_planner("noop").decide(_view([10, 20], []))
+    d = make_planner(NoopPlannerConfig()).decide(_view([10, 20], []))
     assert d.cuts == (10, 20) and not d.moves((10, 20))
 
 
@@ -126,7 +128,19 @@ def test_cost_model_from_calibration_json(tmp_path) -> None:
 
 def test_make_planner_names_bad_values() -> None:
     with pytest.raises(ConfigError, match="planner.name"):
-        make_planner("greedy")
+        make_planner(PlannerConfig(name="greedy"))
     with pytest.raises(ConfigError, match="planner.hysteresis"):
-        make_planner("adaptive", hysteresis=1.5)
-    assert make_planner("adaptive", hysteresis=0.2, cost_model=None).hysteresis == 0.2
+        make_planner(AdaptivePlannerConfig(hysteresis=1.5))
+    assert make_planner(AdaptivePlannerConfig(hysteresis=0.2, cost_model=None)).hysteresis == 0.2
+
+
+def test_make_planner_refuses_another_planners_schema() -> None:
+    with pytest.raises(ConfigError, match="AdaptivePlannerConfig"):
+        make_planner(NoopPlannerConfig(name="adaptive"))
+
+
+def test_adaptive_never_proposes_a_stage_without_blocks() -> None:
+    """From 5/1/6 toward 10/1/1 the one-block step at b_1 would empty stage 1: not proposed."""
+    stats = [_stats(0, 5), _stats(1, 1, phi=3.0), _stats(2, 6, per_block=2.0)]
+    d = Adaptive(hysteresis=0.05).decide(_view([5, 6], stats, num_layers=12))
+    check_cuts(d.cuts, 12)

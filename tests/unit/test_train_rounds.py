@@ -13,12 +13,13 @@ import torch
 from model_helpers import padded_batch, tiny_model, twin
 from torch import nn
 
+from splitlab.errors import ProtocolError
 from splitlab.models.parts import build_parts
 from splitlab.models.plan import u_shape_plan
+from splitlab.reference.ushape import UShapeEngine
 from splitlab.train.checkpoint import latest_checkpoint
-from splitlab.train.engine import UShapeEngine
 from splitlab.train.nodes import OwnerNode, WorkerNode, partition_parameters
-from splitlab.train.rounds import NodeUpdate, finish_round
+from splitlab.train.rounds import NodeUpdate, finish_round, redistribute
 from splitlab.train.window import effective_credit
 from splitlab.train.wrr import AdaptiveWeights, SmoothWRR
 
@@ -49,7 +50,7 @@ def make_group(
         max_inflight=2,
         credit=effective_credit(max_inflight=2, worker_max_inflight=8, num_owners=len(owners)),
         weights={name: AdaptiveWeights(WEIGHTS, adaptive=False) for name in owners},
-        emit=lambda kind, **fields: events.append({"kind": kind, **fields}),
+        emit=lambda record: events.append(record.to_dict()),
     )
     return engine, modules
 
@@ -158,3 +159,15 @@ def test_fedavg_weights_are_processed_samples(three_by_two: dict[str, Any], tmp_
     saved = latest_checkpoint(tmp_path)
     assert saved is not None and saved.round_id == 0
     assert set(saved.state) == set(three_by_two["base"].state_dict())
+
+
+def test_redistribute_never_broadcasts_a_wrong_shape_and_copies_nothing() -> None:
+    module = nn.Linear(2, 2, bias=True)
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    merged = {"bias": torch.full((2,), 5.0), "weight": torch.ones(1)}
+
+    with pytest.raises(ProtocolError, match=r"'weight' has shape \[1\].*\[2, 2\]"):
+        redistribute(merged, [module])
+
+    for key, tensor in module.state_dict().items():
+        assert torch.equal(tensor, before[key]), key

@@ -13,11 +13,11 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from splitlab.wire.errors import FrameError, TruncatedFrameError
+from splitlab.wire.errors import FrameError, PeerClosedError, TruncatedFrameError
 from splitlab.wire.frame import FrameHeader, Lane, Routing, encode_frame, frame_bytes
 from splitlab.wire.pool import BufferPool
 from splitlab.wire.tcp_conn import timeval
-from splitlab.wire.tcp_reader import READ_AHEAD_BYTES, FrameReader
+from splitlab.wire.tcp_reader import READ_AHEAD_BYTES, STREAM_MIN_BYTES, FrameReader
 
 
 @pytest.fixture
@@ -104,8 +104,31 @@ def test_peer_closing_mid_frame_raises_truncated(pair: tuple[socket.socket, Fram
     a, reader = pair
     a.sendall(_frame(1, 5000)[:-100])
     a.shutdown(socket.SHUT_WR)
-    with pytest.raises(TruncatedFrameError):
+    with pytest.raises(TruncatedFrameError) as caught:
         reader.read(BufferPool(pool_bytes=1 << 20), timeout_s=1, block=True)
+    assert not isinstance(caught.value, PeerClosedError)  # a fault, not a goodbye
+
+
+@pytest.mark.parametrize("cut", [1, 3, 6])  # inside the prefix, inside the header
+def test_peer_closing_inside_prefix_or_header_is_not_a_goodbye(
+    pair: tuple[socket.socket, FrameReader], cut: int
+) -> None:
+    a, reader = pair
+    a.sendall(_frame(1, 8)[:cut])
+    a.shutdown(socket.SHUT_WR)
+    with pytest.raises(TruncatedFrameError) as caught:
+        reader.read(BufferPool(pool_bytes=1 << 20), timeout_s=1, block=True)
+    assert not isinstance(caught.value, PeerClosedError)
+
+
+def test_peer_closing_between_frames_is_a_goodbye(pair: tuple[socket.socket, FrameReader]) -> None:
+    a, reader = pair
+    pool = BufferPool(pool_bytes=1 << 20)
+    a.sendall(_frame(4, 16))
+    a.shutdown(socket.SHUT_WR)
+    assert _read(reader, pool)[0] == 4  # the last whole frame still arrives
+    with pytest.raises(PeerClosedError, match="closed by the peer"):
+        reader.read(pool, timeout_s=1, block=True)
 
 
 def test_oversized_header_length_is_refused_before_reading_it(
@@ -115,3 +138,32 @@ def test_oversized_header_length_is_refused_before_reading_it(
     a.sendall((1 << 20).to_bytes(4, "big") + b"{}")
     with pytest.raises(FrameError, match="header_bytes"):
         reader.read(BufferPool(pool_bytes=1 << 20), timeout_s=1)
+
+
+def test_a_large_frame_is_timed_as_its_payload_arrives_and_a_small_one_is_not(
+    pair: tuple[socket.socket, FrameReader],
+) -> None:
+    a, reader = pair
+    pool = BufferPool(pool_bytes=8 << 20)
+    a.sendall(_frame(1, 1000))
+    _read(reader, pool)
+    assert reader.last_stream is None  # under STREAM_MIN_BYTES
+
+    data, chunk, pause_s = _frame(2, 128 << 10), 32 << 10, 0.01  # a 512 KiB payload
+
+    def paced() -> None:
+        a.sendall(data[:4096])
+        time.sleep(0.05)
+        for i in range(4096, len(data), chunk):
+            a.sendall(data[i : i + chunk])
+            time.sleep(pause_s)
+
+    t = threading.Thread(target=paced)
+    t.start()
+    _read(reader, pool)
+    t.join()
+    assert reader.last_stream is not None
+    streamed, ms = reader.last_stream
+    assert STREAM_MIN_BYTES <= streamed <= len(data) - 4096 + READ_AHEAD_BYTES
+    chunks = (len(data) - 4096) // chunk
+    assert ms >= (chunks - 1) * pause_s * 1e3  # the wait for the paced bytes, not a memcpy

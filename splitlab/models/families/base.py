@@ -53,6 +53,7 @@ class FamilyAdapter(ABC):
     head_paths: ClassVar[tuple[str, ...]]  # modules the last part runs after the last block
     lora_targets: ClassVar[tuple[str, ...]]  # default LoRA target module names
     lora_fan_in_fan_out: ClassVar[bool] = False  # True where the targets are GPT-2 Conv1D
+    ties_head: ClassVar[bool] = False  # a random-init model's head is its embedding tensor
     ffn_in_paths: ClassVar[tuple[str, ...]]  # FFN input projections inside a block (SFT cut)
     ffn_out_path: ClassVar[str]  # FFN output projection inside a block
     ffn_conv1d: ClassVar[bool] = False  # True where the FFN projections are GPT-2 Conv1D

@@ -32,6 +32,7 @@ GPT2_EOS_ID = 50256  # end of text; also the pad id on the data side
 class GPT2Adapter(CausalLMAdapter):
     name = "gpt2"
     model_types = frozenset({"gpt2"})
+    ties_head = True  # GPT2Config's tie_word_embeddings default
     block_prefix = "transformer.h"
     embedding_paths = ("transformer.wte", "transformer.wpe", "transformer.drop")
     head_paths = ("transformer.ln_f", "lm_head")

@@ -1,0 +1,1 @@
+"""splitlab's Slurm launcher for Hydra multiruns (`hydra/launcher=slurm`)."""

@@ -1,0 +1,133 @@
+"""The `ip` / `tc` / `ethtool` command lines that build, shape and tear down a testbed (pure).
+
+`setup_commands` lists, in order, every command that turns a `Topology` and its `Layout` into
+namespaces, veth links, a bridge and `tbf` shapers on both ends of each shaped link (one per
+direction); `shape_command` is the one `tc` line that sets (or, mid-run, changes) a direction's
+rate. Generic segmentation and receive offloads are switched off on shaped links: a 64 KiB
+super-packet would otherwise pass the token bucket as one lump. The shell that runs these
+lines is netns.py.
+
+    .venv/bin/pytest tests/unit/test_testbed_topology.py -q
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from splitlab.config.schema import TestbedLinkConfig
+from splitlab.errors import ConfigError
+from splitlab.testbed.topology import Layout, Topology, shaped
+
+MIN_BURST_BYTES = 16 << 10  # above one MTU-sized packet with room for timer slack
+MIN_QUEUE_BYTES = 64 << 10
+BURST_S = 0.002  # default bucket depth: this long at the link's rate
+QUEUE_S = 0.050  # default queue bound: this long at the link's rate
+OFFLOADS = ("tso", "gso", "gro")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tbf:
+    """One token-bucket shaper: `rate_bit` bits/s, `burst_bytes` deep, `limit_bytes` queued."""
+
+    rate_bit: int
+    burst_bytes: int
+    limit_bytes: int
+
+    def args(self) -> list[str]:
+        return ["tbf", "rate", f"{self.rate_bit}bit", "burst", str(self.burst_bytes),
+                "limit", str(self.limit_bytes)]  # fmt: skip
+
+
+def tbf_for(rate_mbit: float, *, burst_kib: float = 0.0, queue_kib: float = 0.0) -> Tbf:
+    """The shaper for `rate_mbit` (Mbit/s = 1e6 bit/s); 0 burst/queue picks the defaults."""
+    if rate_mbit <= 0:
+        raise ConfigError(f"rate_mbit={rate_mbit} must be > 0 to shape a link")
+    rate_bit = int(round(rate_mbit * 1e6))
+    bytes_per_s = rate_bit / 8
+    burst = (
+        int(burst_kib * 1024) if burst_kib > 0 else max(MIN_BURST_BYTES, int(bytes_per_s * BURST_S))
+    )
+    limit = (
+        int(queue_kib * 1024) if queue_kib > 0 else max(MIN_QUEUE_BYTES, int(bytes_per_s * QUEUE_S))
+    )
+    return Tbf(rate_bit=rate_bit, burst_bytes=burst, limit_bytes=max(limit, burst))
+
+
+def direction_end(layout: Layout, host: str, direction: str) -> tuple[str, str]:
+    """(namespace, interface) whose egress carries `direction` ("up" or "down") of `host`'s link."""
+    if direction == "up":
+        return layout.netns(host), layout.host_if(host)
+    if direction == "down":
+        return layout.hub_ns, layout.switch_if(host)
+    raise ConfigError(f"direction={direction!r} must be 'up' or 'down'")
+
+
+def shape_command(layout: Layout, host: str, direction: str, tbf: Tbf) -> list[str]:
+    ns, dev = direction_end(layout, host, direction)
+    return ["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", *tbf.args()]
+
+
+def _link_commands(layout: Layout, host: str, link: TestbedLinkConfig) -> list[list[str]]:
+    ns, hub = layout.netns(host), layout.hub_ns
+    h_if, s_if = layout.host_if(host), layout.switch_if(host)
+    cmds = [
+        [
+            "ip",
+            "link",
+            "add",
+            h_if,
+            "netns",
+            ns,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            s_if,
+            "netns",
+            hub,
+        ],  # fmt: skip
+        ["ip", "-n", ns, "addr", "add", f"{layout.address(host)}/24", "dev", h_if],
+        ["ip", "-n", ns, "link", "set", h_if, "up"],
+        ["ip", "-n", hub, "link", "set", s_if, "master", layout.bridge, "up"],
+    ]
+    if shaped(link):
+        for n, dev in ((ns, h_if), (hub, s_if)):
+            cmds.append(["ip", "netns", "exec", n, "ethtool", "-K", dev,
+                         *[w for o in OFFLOADS for w in (o, "off")]])  # fmt: skip
+    for direction, rate in (("up", link.up_mbit), ("down", link.down_mbit)):
+        if rate > 0:
+            tbf = tbf_for(rate, burst_kib=link.burst_kib, queue_kib=link.queue_kib)
+            cmds.append(shape_command(layout, host, direction, tbf))
+    return cmds
+
+
+def setup_commands(topology: Topology, layout: Layout) -> list[list[str]]:
+    """Every command that builds the testbed, in order (namespaces first, shapers last)."""
+    hub, br = layout.hub_ns, layout.bridge
+    cmds = [["ip", "netns", "add", hub]]
+    cmds += [["ip", "netns", "add", layout.netns(h)] for h in layout.hosts]
+    cmds += [["ip", "-n", n, "link", "set", "lo", "up"]
+             for n in (hub, *map(layout.netns, layout.hosts))]  # fmt: skip
+    cmds += [
+        ["ip", "-n", hub, "link", "add", br, "type", "bridge"],
+        ["ip", "-n", hub, "link", "set", br, "up"],
+        [
+            "ip",
+            "link",
+            "add",
+            layout.root_if,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            layout.uplink_if,
+            "netns",
+            hub,
+        ],  # fmt: skip
+        ["ip", "addr", "add", f"{layout.root_address}/24", "dev", layout.root_if],
+        ["ip", "link", "set", layout.root_if, "up"],
+        ["ip", "-n", hub, "link", "set", layout.uplink_if, "master", br, "up"],
+    ]
+    for host in layout.hosts:
+        cmds += _link_commands(layout, host, topology.links[host])
+    return cmds

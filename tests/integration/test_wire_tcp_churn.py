@@ -1,0 +1,74 @@
+"""TCP transport under churn: hundreds of authenticated peers that connect and leave on a lane
+nobody drains must not wedge the lane; a legitimate peer still connects and is read.
+
+.venv/bin/pytest tests/integration/test_wire_tcp_churn.py -q
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+
+import torch
+
+from splitlab.errors import PeerLostError
+from splitlab.wire.auth import client_handshake
+from splitlab.wire.base import Message
+from splitlab.wire.frame import Lane
+from wire_helpers import KEY, SESSION, tcp_transport
+
+CHURN = 500  # past the ~278 connect/close events that used to fill the lane's wake-up pipe
+
+
+def _churn(address: tuple[str, int], lane: Lane, n: int) -> None:
+    for _ in range(n):
+        with socket.create_connection(address, timeout=5) as sock:
+            client_handshake(sock, key=KEY, session=SESSION, client_id="churn", server_id="b",
+                             lane=lane.value, timeout_s=5)  # fmt: skip
+
+
+def _first_from(b, peer: str, lane: Lane, deadline: float) -> Message | None:  # noqa: ANN001
+    """recv on the whole lane, skipping the churn peers' goodbyes, until `peer`'s frame."""
+    while time.monotonic() < deadline:
+        try:
+            msg = b.recv(lane, timeout_s=max(deadline - time.monotonic(), 0.01))
+        except PeerLostError:
+            continue
+        if msg.peer == peer:
+            return msg
+        msg.release()
+    return None
+
+
+def test_connect_close_churn_on_an_undrained_lane_never_wedges_it() -> None:
+    lane = Lane.ACTIVATION
+    a, b = tcp_transport("a", "127.0.0.2"), tcp_transport("b", "127.0.0.3")
+    got: list[Message | None] = []
+    done = False
+    try:
+        fds = len(os.listdir("/proc/self/fd"))
+        _churn(b.address, lane, CHURN)  # nobody reads b's activation lane meanwhile
+        assert len(os.listdir("/proc/self/fd")) - fds < 10, "churned sockets pile up"
+        started = time.monotonic()
+        a.connect("b", *b.address, timeout_s=5, lanes=[lane])
+        a.send("b", lane, "act", {"x": torch.arange(4.0)}, timeout_s=5)
+        # on a thread: a wedged recv must fail this test, not hang it
+        reader = threading.Thread(
+            target=lambda: got.append(_first_from(b, "a", lane, started + 10)), daemon=True
+        )
+        reader.start()
+        reader.join(timeout=15)
+        assert not reader.is_alive(), "recv wedged after connect/close churn"
+        assert got[0] is not None, "the legitimate peer's frame never arrived"
+        assert torch.equal(got[0].tensors["x"], torch.arange(4.0))
+        got[0].release()
+        assert time.monotonic() - started < 10
+        # every churned connection was closed and forgotten: fds do not pile up
+        assert [c["peer"] for c in b.connections()] == ["a"]
+        done = True
+    finally:
+        a.close(drain_timeout_s=0)
+        if done:  # a wedged transport cannot be closed
+            b.close(drain_timeout_s=0)

@@ -1,0 +1,130 @@
+"""planner=model (splitlab.infer.planners.ModelPlanner): calibration, observations, migration cost.
+
+    .venv/bin/pytest tests/unit/test_planner_model.py -q
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from splitlab.config.schema import ModelPlannerConfig
+from splitlab.errors import ConfigError
+from splitlab.infer.planners import (
+    Adaptive,
+    Calibration,
+    CostModel,
+    ModelPlanner,
+    StageStats,
+    WindowView,
+    blocks_received,
+    compute_trend,
+    make_planner,
+    reachable,
+)
+
+
+def _stats(stage: int, n: int, *, per_block: float = 1.0, phi: float = 1.0) -> StageStats:
+    return StageStats(stage=stage, num_blocks=n, compute_ms=n * per_block * phi,
+                      real_ms=n * per_block, blocks_ms=n * per_block, tokens=10)  # fmt: skip
+
+
+def _obs(q_cmp: float = 0.5, q_mem: float = 0.4, link: float = 1.0) -> dict[str, float]:
+    return {"theta_obs": 45.0, "q_cmp_obs": q_cmp, "q_mem_obs": q_mem, "link_obs": link}
+
+
+def _view(cuts, phis=(1.0, 1.0, 1.0), obs=None, num_layers=30) -> WindowView:
+    bounds = [0, *cuts, num_layers]
+    stats = tuple(_stats(s, bounds[s + 1] - bounds[s], phi=p) for s, p in enumerate(phis))
+    return WindowView(token=40, cuts=tuple(cuts), num_layers=num_layers, stats=stats,
+                      obs=tuple(obs or (_obs(),) * len(phis)))  # fmt: skip
+
+
+def _cheap() -> Calibration:
+    return Calibration(load_c1_ms=1.0, defaults=())
+
+
+def test_blocks_received_and_reachable() -> None:
+    assert blocks_received((10, 20), (14, 15), 30) == [4, 0, 5]
+    assert blocks_received((10, 20), (8, 22), 30) == [0, 4, 0]
+    assert reachable((10, 20), (14, 15), 30) and reachable((10, 20), (20, 21), 30)
+    assert not reachable((10, 20), (21, 25), 30)  # block 20 would go from stage 2 to 0
+
+
+def test_model_jumps_to_the_best_reachable_cuts_in_one_reconfiguration() -> None:
+    d = ModelPlanner(calibration=_cheap()).decide(_view((10, 20), phis=(1.0, 3.0, 1.0)))
+    assert d.cuts == (14, 15)  # adaptive would take one block per window
+    a = Adaptive(hysteresis=0.05).decide(_view((10, 20), phis=(1.0, 3.0, 1.0)))
+    assert sum(abs(x - y) for x, y in zip(a.cuts, (10, 20), strict=True)) == 1
+
+
+def test_model_sees_a_real_slowdown_that_a_calibration_cannot_know() -> None:
+    """A CPU quota cut slows the blocks themselves (real_ms, no injected sleep): the measured
+    block time carries it, the calibration only how it grows with context."""
+    stats = (_stats(0, 10), _stats(1, 10, per_block=3.0), _stats(2, 10))
+    view = WindowView(token=40, cuts=(10, 20), num_layers=30, stats=stats, context=48)
+    cal = Calibration(decode=CostModel(1.0, 0.001), load_c1_ms=1.0, defaults=())
+    assert ModelPlanner(calibration=cal).decide(view).cuts == (14, 15)
+
+
+def test_model_holds_when_migration_costs_more_than_the_horizon_saves() -> None:
+    dear = Calibration(load_c1_ms=1000.0, defaults=())
+    planner = ModelPlanner(calibration=dear, horizon_tokens=16)
+    d = planner.decide(_view((10, 20), phis=(1.0, 3.0, 1.0)))
+    assert d.cuts == (10, 20) and "migration" in d.reason
+
+
+def test_model_holds_on_a_slow_link_that_no_cut_removes() -> None:
+    """Every token crosses every hop: a link at 2% of its rate raises the predicted TPOT but
+    moving blocks would not lower it, so the planner does not pay a migration for it."""
+    obs = (_obs(), _obs(link=0.02), _obs())
+    d = ModelPlanner(calibration=_cheap()).decide(_view((10, 20), obs=obs))
+    assert d.cuts == (10, 20) and "links" in d.reason
+
+
+def test_model_gives_no_blocks_to_a_stage_under_memory_pressure() -> None:
+    obs = (_obs(q_mem=0.95), _obs(), _obs())
+    d = ModelPlanner(calibration=_cheap()).decide(_view((10, 20), phis=(1.0, 3.0, 1.0), obs=obs))
+    assert d.cuts[0] == 10 and d.cuts[1] < 20  # the slow stage sheds to stage 2 only
+
+
+def test_compute_trend_reads_the_rise_of_q_cmp_until_it_saturates() -> None:
+    assert compute_trend(_obs(q_cmp=0.4), _obs(q_cmp=0.6)) == pytest.approx(1.5)
+    assert compute_trend(_obs(q_cmp=0.6), _obs(q_cmp=1.0)) == 1.0
+    assert compute_trend(None, _obs()) == 1.0
+
+
+def test_model_moves_earlier_than_the_window_mean_says_when_load_is_rising() -> None:
+    """Measured slowdown 1.04 (inside hysteresis) but q_cmp rose 0.45 -> 0.72 since the last
+    barrier: the model predicts the next window ~1.66x slow and moves now."""
+    planner = ModelPlanner(calibration=_cheap(), hysteresis=0.05)
+    planner.decide(_view((10, 20), obs=(_obs(), _obs(q_cmp=0.45), _obs())))
+    rising = (_obs(), _obs(q_cmp=0.72), _obs())
+    d = planner.decide(_view((10, 20), phis=(1.0, 1.04, 1.0), obs=rising))
+    assert d.cuts[1] - d.cuts[0] < 10
+    still = ModelPlanner(calibration=_cheap(), hysteresis=0.05)
+    assert still.decide(_view((10, 20), phis=(1.0, 1.04, 1.0))).cuts == (10, 20)
+
+
+def test_calibration_reads_calibrate_output_and_says_what_is_default(tmp_path) -> None:
+    record = {"decode": {"params": {"c0": 0.8, "c1": 0.001}}, "link": {"alpha_ms": 0.3},
+              "weight_load_ms": {"ms": 12.0, "cache": "warm"}}  # fmt: skip
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"version": 1, "records": {"m|cpu|float32": record}}))
+    cal = Calibration.read(path)
+    assert cal.decode == CostModel(0.8, 0.001) and cal.link_alpha_ms == 0.3
+    assert cal.load_ms(3) == pytest.approx(36.0) and cal.defaults == ()
+    load = {"fixed_ms": 5.0, "per_block_ms": 10.0, "r2": 0.99, "cache": "cold"}
+    path.write_text(json.dumps({**record, "load": load, "link": {}}))
+    cal = Calibration.read(path)
+    assert cal.load_ms(2) == pytest.approx(25.0) and cal.defaults == ("link",)
+    assert Calibration.read(None).defaults == ("decode", "load", "link")
+
+
+def test_make_planner_model_names_bad_values(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="planner.horizon_tokens"):
+        make_planner(ModelPlannerConfig(horizon_tokens=0))
+    with pytest.raises(ConfigError, match="planner.calibration"):
+        make_planner(ModelPlannerConfig(calibration=str(tmp_path / "missing.json")))
+    assert isinstance(make_planner(ModelPlannerConfig()), ModelPlanner)
