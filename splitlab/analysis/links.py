@@ -178,8 +178,11 @@ def format_estimate(estimate: LinkEstimate) -> str:
 class PathEstimate:
     """The shaped path `src_host -> dst_host` of a testbed run: nominal and measured figures.
 
-    `rate_mbit` is what the receiving transport timed while large frames crossed the path
-    (`rx.<peer>.stream_*` counters, wire/tcp_reader.py); `delay_ms` the least time the
+    `rate_mbit` is the fastest large frame the receiving transport timed as it crossed the
+    path (`rx.<peer>.stream_peak_mbit`, wire/tcp_reader.py): the link's capacity, since a busy
+    host only ever slows a frame (a sender starved mid-frame leaves the link idle), and the
+    shaper's bucket adds at most its burst to a frame. `mean_mbit` is all timed bytes over all
+    timed milliseconds: what the run got, stalls included. `delay_ms` the least time the
     sender's delay line held a frame (`held_ms`), where the delay is added in the transport, and
     `delay_mean_ms` its mean (which adds the line's lateness on a busy host).
     """
@@ -194,6 +197,7 @@ class PathEstimate:
     nominal_delay_ms: float
     delay_ms: float | None
     delay_mean_ms: float | None = None
+    mean_mbit: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -242,11 +246,16 @@ def shaped_paths(frame: pd.DataFrame, record: dict[str, Any]) -> list[PathEstima
             out.append(PathEstimate(
                 src=src, dst=dst, src_host=src_host, dst_host=dst_host,
                 frames=int(row.get(f"rx.{src}.stream_frames") or 0), nominal_mbit=rate,
-                rate_mbit=nbytes * 8 / (ms * 1e3) if ms and ms > 0 else None,
+                rate_mbit=_present(row.get(f"rx.{src}.stream_peak_mbit")),
+                mean_mbit=nbytes * 8 / (ms * 1e3) if ms and ms > 0 else None,
                 nominal_delay_ms=delay, delay_ms=held.get((src, dst), {}).get("min_ms"),
                 delay_mean_ms=held.get((src, dst), {}).get("mean_ms"),
             ))  # fmt: skip
     return out
+
+
+def _present(value: Any) -> float | None:
+    return None if value is None or pd.isna(value) else float(value)
 
 
 def format_path(path: PathEstimate) -> str:
@@ -258,7 +267,8 @@ def format_path(path: PathEstimate) -> str:
         ratio = f" = {measured / nominal:.3f}x" if nominal > 0 else ""
         return f"{measured:.2f} {unit} (nominal {nominal:g}{ratio})"
 
+    mean = f" (mean {path.mean_mbit:.2f})" if path.mean_mbit is not None else ""
     return (f"path {path.src}@{path.src_host} -> {path.dst}@{path.dst_host} frames={path.frames}"
-            f"  rate {vs(path.rate_mbit, path.nominal_mbit, 'Mbit/s')}"
+            f"  rate {vs(path.rate_mbit, path.nominal_mbit, 'Mbit/s')}{mean}"
             f"  delay {vs(path.delay_ms, path.nominal_delay_ms, 'ms')}"
             f"  mean held {path.delay_mean_ms if path.delay_mean_ms is not None else 'n/a'} ms")  # fmt: skip

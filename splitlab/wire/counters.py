@@ -49,6 +49,11 @@ class WireCounters:
         with self._lock:
             self._values[name] = self._values.get(name, 0) + amount
 
+    def peak(self, name: str, value: float) -> None:
+        """Keep the largest `value` seen under `name` (a per-frame best, e.g. a link's rate)."""
+        with self._lock:
+            self._values[name] = max(self._values.get(name, value), value)
+
     def snapshot(self, pools: Mapping[str, BufferPool] | None = None) -> dict[str, Any]:
         with self._lock:
             out: dict[str, Any] = dict(self._values)
@@ -58,8 +63,13 @@ class WireCounters:
         return out
 
     def emit(
-        self, tracer: Tracer, pools: Mapping[str, BufferPool] | None = None, *,
-        transport: str, peer: str, delay: Mapping[str, Any] | None = None,
+        self,
+        tracer: Tracer,
+        pools: Mapping[str, BufferPool] | None = None,
+        *,
+        transport: str,
+        peer: str,
+        delay: Mapping[str, Any] | None = None,
     ) -> None:
         tracer.write(TransportRecord(transport=transport, peer=peer,
                                      counters=self.snapshot(pools), **(delay or {})))  # fmt: skip

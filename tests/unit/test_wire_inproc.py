@@ -12,6 +12,7 @@ import torch
 
 from splitlab.errors import PeerLostError, WaitTimeoutError
 from splitlab.wire.base import Priority
+from splitlab.wire.counters import WireCounters
 from splitlab.wire.errors import NonFiniteFrameError
 from splitlab.wire.frame import Lane, Routing
 from splitlab.wire.inproc import InProcHub, InProcTransport
@@ -111,3 +112,10 @@ def test_counters_count_frames_bytes_and_pool_use(
     assert sent["activation.frames_sent"] == 2 and got["activation.frames_recv"] == 2
     assert sent["activation.bytes_sent"] == got["activation.bytes_recv"] > 128
     assert (got["pool.activation.misses"], got["pool.activation.hits"]) == (1, 1)
+
+
+def test_counters_peak_keeps_the_largest_value_seen() -> None:
+    counters = WireCounters()
+    for value in (12.0, 29.5, 3.0):
+        counters.peak("rx.owner0.stream_peak_mbit", value)
+    assert counters.snapshot()["rx.owner0.stream_peak_mbit"] == 29.5
