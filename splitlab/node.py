@@ -140,7 +140,9 @@ def scripted_shifts(text: str | None) -> list[tuple[int, int, int]]:
         try:
             token, boundary, k = (int(v) for v in item.split(":"))
         except ValueError:
-            raise ConfigError(f"--scripted-shifts item {item!r}: expected TOKEN:BOUNDARY:K") from None
+            raise ConfigError(
+                f"--scripted-shifts item {item!r}: expected TOKEN:BOUNDARY:K"
+            ) from None
         shifts.append((token, boundary, k))
     return shifts
 

@@ -122,7 +122,9 @@ def check_port_free(key: str, host: str, port: int) -> None:
         try:
             s.bind((host, port))
         except OSError as exc:
-            raise ConfigError(f"{key}={port}: cannot listen on {host}:{port}: {exc.strerror}")
+            raise ConfigError(
+                f"{key}={port}: cannot listen on {host}:{port}: {exc.strerror}"
+            ) from None
 
 
 def check_broker(key: str, url: str) -> None:

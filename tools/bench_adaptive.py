@@ -55,8 +55,8 @@ from pathlib import Path
 from typing import Any
 
 from splitlab.config.enums import DriftSource
-from splitlab.configure import compose_config
 from splitlab.config.schema import DriftConfig
+from splitlab.configure import compose_config
 from splitlab.drift.kernel import KERNEL_LOG
 from splitlab.drift.source import generate_trace
 from splitlab.infer.topology import resolve_ring
@@ -92,7 +92,10 @@ def write_trace(folder: Path, *, phi: float, slow_stage: int, seed: int, tokens:
 
 def group_overrides(group: str, fields: dict) -> list[str]:
     """`group=NAME group.key=value ...` for a planner's or drift profile's fields."""
-    return [f"{group}={fields['name']}", *(f"{group}.{k}={v}" for k, v in fields.items() if k != "name")]
+    return [
+        f"{group}={fields['name']}",
+        *(f"{group}.{k}={v}" for k, v in fields.items() if k != "name"),
+    ]
 
 
 def run_arm(base: list[str], *, window: int, planner: dict, drift: dict, tag: str,
@@ -225,7 +228,9 @@ def run_scenario(base: list[str], *, args: Any, drift: dict, steady: dict | None
         report.add_target(f"{arm}_over_noop_tpot{suffix}", med[arm] / med["noop"], 1.0, "<=")
     if {"model", "adaptive"} <= set(planners):
         report.add_ratio(f"model_over_adaptive_tpot{suffix}", med["model"] / med["adaptive"])
-        report.add_target(f"model_over_adaptive_tpot{suffix}", med["model"] / med["adaptive"], 1.0, "<=")
+        report.add_target(
+            f"model_over_adaptive_tpot{suffix}", med["model"] / med["adaptive"], 1.0, "<="
+        )
     print(json.dumps(summary, indent=1), file=sys.stderr)
     return summary
 
@@ -243,19 +248,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=77)
     p.add_argument("--steady", action="store_true", help="add a noop arm at phi = 1 (phi_effect)")
     p.add_argument("--testbed", help="run on this testbed (as root): cpu_throttle and link_degrade")
-    p.add_argument("--throttle-at", type=int, default=None,
-                   help="--testbed: cpu_throttle's token (default: a quarter of --tokens)")
+    p.add_argument(
+        "--throttle-at",
+        type=int,
+        default=None,
+        help="--testbed: cpu_throttle's token (default: a quarter of --tokens)",
+    )
     p.add_argument("--link-phi", type=float, default=50.0,
                    help="link_degrade's final rate divisor")  # fmt: skip
-    p.add_argument("--planners", default="adaptive,model",
-                   help="arms beside noop, comma-separated: adaptive, model")
+    p.add_argument(
+        "--planners",
+        default="adaptive,model",
+        help="arms beside noop, comma-separated: adaptive, model",
+    )
     p.add_argument("--profiles", default="one_slow_node",
                    help="replayed drift profiles (off a testbed), comma-separated: "
                         "one_slow_node, thermal_ramp, link_degrade")  # fmt: skip
     p.add_argument("--calibration", help="planner=model's calibration JSON (calibrate.py)")
     p.add_argument("--horizon-tokens", type=int, default=64, help="planner=model's horizon")
-    p.add_argument("--testbed-scenarios", default="cpu_throttle,link_degrade",
-                   help="--testbed: which of cpu_throttle, link_degrade to run")
+    p.add_argument(
+        "--testbed-scenarios",
+        default="cpu_throttle,link_degrade",
+        help="--testbed: which of cpu_throttle, link_degrade to run",
+    )
     args = p.parse_args(argv)
     tokens, reps = (100, 2) if args.quick else (args.tokens, args.reps)
     where = ([f"testbed={args.testbed}"] if args.testbed

@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from splitlab.infer.compute import PartCompute
 from splitlab.configure import compose_config
+from splitlab.infer.compute import PartCompute
 from splitlab.measure.calibrate import model_checkpoint
 from splitlab.models.plan import Span
 from splitlab.models.shard import load_part
@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         for n in counts:
             for arm in ("release", "release_gc"):
                 runs.setdefault((arm, n), []).append(
-                    release_once(index, n, with_gc=arm == "release_gc", **kw))
+                    release_once(index, n, with_gc=arm == "release_gc", **kw)
+                )
         stage = donor(index, **kw)  # the model resident while gc walks the heap
         base = len(gc.get_objects())
         heap["1x"].append(gc_ms(0))

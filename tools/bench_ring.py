@@ -91,8 +91,12 @@ def link_cost(run_dir: Path, rate_mbit: dict[int, float]) -> dict[str, Any]:
         rate = rate_mbit.get(dst, 0.0)
         hops.append({"hop": f"{src}->{dst}", "bytes_per_token": nbytes,
                      "wire_ms_at_rate": nbytes * 8 / (rate * 1e3) if rate > 0 else None})  # fmt: skip
-    return {"n": len(link_ms), "link_ms_per_token": float(link_ms.median()),
-            "compute_ms_per_token": float(compute.median()), "hops": hops}
+    return {
+        "n": len(link_ms),
+        "link_ms_per_token": float(link_ms.median()),
+        "compute_ms_per_token": float(compute.median()),
+        "hops": hops,
+    }
 
 
 def one_process_arm(folder: str, tokens: int) -> int:
@@ -129,7 +133,11 @@ def main(argv: list[str] | None = None) -> int:
         return one_process_arm(args.one_process_arm, args.tokens)
     tokens, reps = (32, 1) if args.quick else (args.tokens, args.reps)
     on_testbed = args.testbed != "none"
-    where = [f"testbed={args.testbed}"] if on_testbed else [f"architecture.peer_hosts=[{','.join(HOSTS)}]"]
+    where = (
+        [f"testbed={args.testbed}"]
+        if on_testbed
+        else [f"architecture.peer_hosts=[{','.join(HOSTS)}]"]
+    )
     cfg = compose_config([
         "task=infer", "model=smollm2_135m", "architecture.cuts=[10,20]", "architecture.window=0",
         *where, f"task.prompt={PROMPT}", f"task.max_new_tokens={tokens}", "task.ignore_eos=true",
@@ -163,8 +171,12 @@ def main(argv: list[str] | None = None) -> int:
                 one_process_host=stage_hosts[0], threads_per_process=threads,
             )  # fmt: skip
             # the stages' policy: their host's thread count (Testbed.command) and stage_env
-            report.add_arm("ring_stage", thread_policy(
-                torch_threads=threads, env={"OMP_NUM_THREADS": str(threads), **stage_env()}))
+            report.add_arm(
+                "ring_stage",
+                thread_policy(
+                    torch_threads=threads, env={"OMP_NUM_THREADS": str(threads), **stage_env()}
+                ),
+            )
         one, ring, profiles, costs, same = [], [], [], [], True
         for rep in range(reps):
             if tb is None:
@@ -172,7 +184,11 @@ def main(argv: list[str] | None = None) -> int:
                 ref_tpot, ref_ttft, ref_ids = ref.tpot_ms_median, ref.ttft_ms, ref.token_ids
             else:
                 arm = one_process_in_host(tb, folder, tokens)
-                ref_tpot, ref_ttft, ref_ids = arm["tpot_ms_median"], arm["ttft_ms"], arm["token_ids"]
+                ref_tpot, ref_ttft, ref_ids = (
+                    arm["tpot_ms_median"],
+                    arm["ttft_ms"],
+                    arm["token_ids"],
+                )
                 report.add_arm("one_process", arm["threads"])
             one.append(ref_tpot)
             run_dir = Path(tempfile.mkdtemp(prefix=f"bench_ring-{rep}-"))
@@ -188,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
             report.add_result(rep=rep, one_process_tpot_ms=one[-1], ring_tpot_ms=ring[-1],
                               one_process_ttft_ms=ref_ttft, ring_ttft_ms=result["ttft_ms"],
                               run_dir=str(run_dir))  # fmt: skip
-            print(f"rep {rep}: one process {one[-1]:.2f} ms, ring {ring[-1]:.2f} ms", file=sys.stderr)
+            print(
+                f"rep {rep}: one process {one[-1]:.2f} ms, ring {ring[-1]:.2f} ms", file=sys.stderr
+            )
     if tb is None:
         del model
     index = open_checkpoint(folder)

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-from multiprocessing.connection import Connection
 import socket
 import sys
 import time
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 

@@ -217,8 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     medians.update({f"{k}_bytes_per_step": median(v) for k, v in wire.items()})
     report.add_result(**medians)
     if args.lowrank:  # the low-rank cut's traffic saving, and what it buys in wall-clock time
-        report.add_ratio("lowrank_bytes_saving",
-                         medians["tcp_bytes_per_step"] / medians["tcp_lowrank_bytes_per_step"])
+        report.add_ratio(
+            "lowrank_bytes_saving",
+            medians["tcp_bytes_per_step"] / medians["tcp_lowrank_bytes_per_step"],
+        )
         report.add_ratio("lowrank_time_saving",
                          medians["tcp_s_per_step"] / medians["tcp_lowrank_s_per_step"])  # fmt: skip
     # > 1: the split pair spends less CPU per sample than the unsplit process (load-proof)

@@ -24,9 +24,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from splitlab.analysis.fits import CalibrationResult
 from splitlab.configure import compose_config
 from splitlab.errors import SplitlabError
-from splitlab.analysis.fits import CalibrationResult
 from splitlab.measure.calibrate import (
     PROBES,
     CalibrateOutcome,
@@ -124,8 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", default=None, help="auto, fp32 or bf16 (default: the model's)")
     parser.add_argument("--out", default=None, help="JSON path (default: RUN/calibration.json)")
     parser.add_argument("--quick", action="store_true", help="contexts to 2048, fewer sizes")
-    parser.add_argument("--only", type=probe_list, default=None,
-                        help=f"comma-separated probes to run, of {','.join(PROBES)} (default: all)")
+    parser.add_argument(
+        "--only",
+        type=probe_list,
+        default=None,
+        help=f"comma-separated probes to run, of {','.join(PROBES)} (default: all)",
+    )
     parser.add_argument("--contexts", type=int_list, default=None,
                         help="comma-separated decode contexts in tokens (>= 3; replaces the "
                         "geometric set up to --max_context)")  # fmt: skip

@@ -20,8 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from splitlab.configure import compose_config
 from splitlab.config.schema import Config
+from splitlab.configure import compose_config
 from splitlab.launch.ring import spawn_stages
 
 HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]

@@ -18,10 +18,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from splitlab.config.schema import DriftConfig
 from splitlab.drift.contract import OBS_KEYS
 from splitlab.drift.inject import inject
 from splitlab.drift.live import LiveSource
-from splitlab.config.schema import DriftConfig
 from splitlab.drift.profiles import PROFILES, ProfileParams, generate
 from splitlab.drift.replay import ReplaySource
 from splitlab.drift.trace_io import TraceHeader, write_trace

@@ -41,12 +41,12 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from splitlab.configure import compose_config
+from splitlab import assets
 from splitlab.config.schema import Config
+from splitlab.configure import compose_config
 from splitlab.errors import ExitCode, SplitlabError
 from splitlab.infer.prompt import encode_prompt, eos_ids
 from splitlab.infer.ring import GenParams
-from splitlab import assets
 from splitlab.infer.stage import tokenizer_ref
 from splitlab.launch.ring import model_ref, run_ring
 from splitlab.preflight import preflight
@@ -128,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         del model
         # the same ring without the planner: its own keys (planner.at_token...) do not fit noop
         same = [o for o in args.overrides if not o.lstrip("+~").startswith("planner")]
-        base, code = ring_run("noshift",
-                              compose_config([*defaults(args.testbed), *same, "planner=noop"]))
+        base, code = ring_run(
+            "noshift", compose_config([*defaults(args.testbed), *same, "planner=noop"])
+        )
         if base is None:
             return code
         ref = base["token_ids"]

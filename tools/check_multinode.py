@@ -18,8 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from splitlab.configure import compose_config
 from splitlab.config.schema import Config
+from splitlab.configure import compose_config
 from splitlab.errors import ExitCode
 from splitlab.infer.stage import RESULT_FILE
 from splitlab.launch.ring import spawn_stages

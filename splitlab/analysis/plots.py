@@ -132,9 +132,7 @@ def _node(value: object) -> str:
     return name if name[:1].isalpha() else f"owner {name}"
 
 
-def plot_training_rounds(
-    rounds: pd.DataFrame, final: Mapping[str, object] | None = None
-) -> Figure:
+def plot_training_rounds(rounds: pd.DataFrame, final: Mapping[str, object] | None = None) -> Figure:
     """The owners' validation loss per round, one line per owner, beside their accuracy (a
     classifier) or perplexity (a causal LM); with `final` (final_metrics.json) the merged
     model's test figures are a black star at its round."""

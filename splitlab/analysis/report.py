@@ -142,7 +142,8 @@ def render_html(
                               "meaning": [FIGURE_DOCS.get(k, "") for k in figures]})  # fmt: skip
     parts = [
         f"<h1>{esc(run_dir.name)}</h1><p>run folder: <code>{esc(str(run_dir))}</code></p>",
-        "<h2>Result</h2>", headline_html(result),
+        "<h2>Result</h2>",
+        headline_html(result),
     ]
     if len(set(where.values())) > 1:  # one place is said in full by the result's line
         frame = pd.DataFrame({"node": list(where), "where": list(where.values())})

@@ -164,7 +164,8 @@ def render_sweep_html(
     parts = [
         f"<h1>sweep {esc(sweep_dir.name)}</h1><p>sweep folder: <code>{esc(str(sweep_dir))}"
         f"</code><br>{len(table)} jobs, {ok} with figures</p>",
-        "<h2>Jobs side by side</h2>", table_html(side_by_side(table, y=y), table_id="jobs"),
+        "<h2>Jobs side by side</h2>",
+        table_html(side_by_side(table, y=y), table_id="jobs"),
     ]
     if png is not None:
         parts.append(image_html(f"{y} against {x}", png))

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from splitlab.telemetry.records import (
-    MigrationRecord,
     MicrobatchRecord,
+    MigrationRecord,
     Record,
     RoundRecord,
     StageMetaRecord,

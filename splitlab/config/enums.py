@@ -16,7 +16,6 @@ class TaskName(str, Enum):
     analyze = "analyze"
 
 
-
 class CalibrateProbe(str, Enum):
     """What `task=calibrate` can time (`task.only`); see `splitlab.measure.calibrate`."""
 
@@ -57,9 +56,6 @@ class LoaderKind(str, Enum):
     hf = "hf"
 
 
-
-
-
 class Objective(str, Enum):
     mean_of_means = "mean_of_means"  # mean of per-microbatch mean losses (the default)
     token_weighted = "token_weighted"  # every target token weighs the same across the group
@@ -98,9 +94,7 @@ class DataDistribution(str, Enum):
     dirichlet = "dirichlet"
 
 
-
 class DriftSource(str, Enum):
     none = "none"
     replay = "replay"
     live = "live"
-

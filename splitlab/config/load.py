@@ -59,7 +59,9 @@ def check_known_keys(node: DictConfig, prefix: str = "", *, ignore: Iterable[str
         ConfigError: names the key and the known keys of its group.
     """
     schema = OmegaConf.get_type(node)
-    fields = [f.name for f in dataclasses.fields(schema)] if dataclasses.is_dataclass(schema) else None
+    fields = (
+        [f.name for f in dataclasses.fields(schema)] if dataclasses.is_dataclass(schema) else None
+    )
     for key in node.keys():
         if key in ignore:  # e.g. the `hydra` node a callback sees beside the job's config
             continue

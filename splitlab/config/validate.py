@@ -41,12 +41,15 @@ def _positive(key: str, value: float) -> None:
 
 def _startup_timeout(key: str, value: float) -> None:
     _require(
-        value >= 0 and math.isfinite(value), f"{key}={value!r} must be finite and >= 0 (0 = timeout_s)"
+        value >= 0 and math.isfinite(value),
+        f"{key}={value!r} must be finite and >= 0 (0 = timeout_s)",
     )
 
 
 def _port(key: str, value: int) -> None:
-    _require(0 <= value <= MAX_PORT, f"{key}={value} must be a TCP port in [0, {MAX_PORT}] (0 = any)")
+    _require(
+        0 <= value <= MAX_PORT, f"{key}={value} must be a TCP port in [0, {MAX_PORT}] (0 = any)"
+    )
 
 
 def _is_count(value: object) -> bool:

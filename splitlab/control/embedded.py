@@ -221,7 +221,6 @@ class _Queues:
                 cond.notify_all()
 
 
-
 def _dial(host: str, port: int, timeout_s: float, peer: str) -> socket.socket:
     """Connect within `timeout_s`; a refused connection (a host started at the same time as
     its clients, not listening yet) is retried with back-off until then."""
@@ -403,9 +402,7 @@ class EmbeddedBusServer:
         with self._conns_lock:
             holder = self._holders.get(name)
             if holder is not None and not holder.conn.peer_closed():
-                raise ProtocolError(
-                    f"node {node_id!r} of session {session!r} is already connected"
-                )
+                raise ProtocolError(f"node {node_id!r} of session {session!r} is already connected")
             self._holders[name] = client
         if holder is not None:  # its process died and its thread waits in a consume: end it
             holder.evicted = True
@@ -456,7 +453,7 @@ def _own_queue(session: str, name: Any) -> str:
     prefix = f"{QUEUE_PREFIX}.{session}."
     if type(name) is not str or not name.startswith(prefix):
         raise ProtocolError(f"queue {name!r:.80} is not a queue of session {session!r}")
-    return _queue_of(session, name[len(prefix):])
+    return _queue_of(session, name[len(prefix) :])
 
 
 def _check_sender(client: _ClientState, queue: str, body: bytearray) -> None:
@@ -547,7 +544,9 @@ class EmbeddedBus(ControlBus):
             ) from None
         except (TruncatedFrameError, OSError) as exc:
             conn.close()
-            raise PeerLostError(f"embedded control bus {peer} left the handshake: {exc!r}") from None
+            raise PeerLostError(
+                f"embedded control bus {peer} left the handshake: {exc!r}"
+            ) from None
         bus = cls(conn, session=session, node_id=node_id, timeout_s=timeout_s, delay=delay)
         try:
             bus._call("hello", {"session": session, "node_id": node_id, "prefetch": prefetch})
@@ -635,12 +634,16 @@ class EmbeddedBus(ControlBus):
         try:
             self._through_delay(lambda conn=self._conn: conn.send(op, meta, blobs), wait_s)
         except OSError as exc:
-            raise PeerLostError(f"embedded control bus {self._conn.peer} is gone: {exc!r}") from None
+            raise PeerLostError(
+                f"embedded control bus {self._conn.peer} is gone: {exc!r}"
+            ) from None
         remaining_s = max(0.0, wait_s - (time.monotonic() - started))
         kind, reply, reply_blobs = self._conn.recv(remaining_s)
         self._through_delay(lambda: None, wait_s)  # the reply's way back
         if kind == "error":
             raise ProtocolError(f"embedded control bus refused {op!r}: {reply.get('reason')}")
         if kind != "reply":
-            raise ProtocolError(f"embedded control bus {self._conn.peer} answered {kind!r} to {op!r}")
+            raise ProtocolError(
+                f"embedded control bus {self._conn.peer} answered {kind!r} to {op!r}"
+            )
         return reply, reply_blobs

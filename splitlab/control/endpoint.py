@@ -81,7 +81,9 @@ class ControlEndpoint:
             )
         return msg
 
-    def collect(self, kind: Kind, senders: Collection[str], timeout_s: float) -> dict[str, BusMessage]:
+    def collect(
+        self, kind: Kind, senders: Collection[str], timeout_s: float
+    ) -> dict[str, BusMessage]:
         """One `kind` message from each of `senders` in the current window (a barrier)."""
         deadline = time.monotonic() + timeout_s
         got: dict[str, BusMessage] = {}

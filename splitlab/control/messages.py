@@ -43,7 +43,7 @@ from typing import Any, ClassVar, NamedTuple, Self
 from splitlab.errors import ProtocolError
 from splitlab.wire.blobs import Blob, decode_blob_frame, encode_blob_frame
 from splitlab.wire.errors import FrameError
-from splitlab.wire.header import MAX_HEADER_BYTES, PROTOCOL_VERSION, FrameHeader, parse_header
+from splitlab.wire.header import PROTOCOL_VERSION, FrameHeader, parse_header
 
 MAX_MESSAGE_BYTES = 1 << 30  # one UPDATE of a large model fits; anything bigger is refused
 _HEX_KEY = re.compile(r"([0-9a-fA-F]{64})?")  # START's data-plane key (32 bytes) or "" (env's)
@@ -145,6 +145,7 @@ def _compile(tp: Any) -> Check:
         check = _compile(inner[0])
         return lambda v, where: None if v is None else check(v, where)
     if tp is float:
+
         def check_float(v: Any, where: str) -> float:
             if type(v) is float:
                 return v
@@ -153,45 +154,58 @@ def _compile(tp: Any) -> Check:
             if type(v) is int:
                 return float(v)
             raise _bad(v, tp, where)
+
         return check_float
     if tp is int:
+
         def check_int(v: Any, where: str) -> int:
             if type(v) is not int:
                 raise _bad(v, tp, where)
             return v
+
         return check_int
     if tp in (str, bool):
+
         def check_exact(v: Any, where: str) -> Any:
             if type(v) is not tp:
                 raise _bad(v, tp, where)
             return v
+
         return check_exact
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
         item = _compile(args[0])
+
         def check_tuple(v: Any, where: str) -> tuple[Any, ...]:
             if type(v) is not list:
                 raise _bad(v, tp, where)
             return tuple([item(x, f"{where}[{i}]") for i, x in enumerate(v)])
+
         return check_tuple
     if origin is list:
         item = _compile(args[0])
+
         def check_list(v: Any, where: str) -> list[Any]:
             if type(v) is not list:
                 raise _bad(v, tp, where)
             return [item(x, f"{where}[{i}]") for i, x in enumerate(v)]
+
         return check_list
     if origin is dict:
         key, val = _compile(args[0]), _compile(args[1])
         if args == (str, Any):  # the common case: only the keys need a look
+
             def check_dict_any(v: Any, where: str) -> dict[str, Any]:
                 if type(v) is not dict or not all(type(k) is str for k in v):
                     raise _bad(v, tp, where)
                 return v
+
             return check_dict_any
+
         def check_dict(v: Any, where: str) -> dict[Any, Any]:
             if type(v) is not dict:
                 raise _bad(v, tp, where)
             return {key(k, where): val(x, f"{where}[{k!r}]") for k, x in v.items()}
+
         return check_dict
     raise TypeError(f"unsupported annotation {tp}")  # pragma: no cover - schema authoring error
 

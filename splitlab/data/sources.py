@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class Examples:
     """Raw examples, all lists aligned by example index."""
@@ -109,7 +110,9 @@ def read_table(path: Path, *, nrows: int | None = None) -> pd.DataFrame:
             except ConfigError:
                 raise
             except (ValueError, OSError) as exc:  # pandas' parser errors are ValueErrors
-                raise ConfigError(f"data.path={str(path)!r}: cannot read it as {ext}: {exc}") from exc
+                raise ConfigError(
+                    f"data.path={str(path)!r}: cannot read it as {ext}: {exc}"
+                ) from exc
     raise ConfigError(f"data.path={str(path)!r}: unknown format; use one of {sorted(readers)}")
 
 

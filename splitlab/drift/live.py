@@ -158,7 +158,9 @@ class LiveSource(DriftSource):
         return rate / base if rate and base else math.nan
 
     def observe(self, token: int) -> dict[str, float]:
-        link = self._link_factor if not math.isnan(self._link_factor) else self._kernel_link_factor()
+        link = (
+            self._link_factor if not math.isnan(self._link_factor) else self._kernel_link_factor()
+        )
         obs = observation_from(self._reading, link)
         if self._throttled is not None:
             obs = replace(obs, q_cmp_obs=self._throttled)

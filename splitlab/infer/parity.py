@@ -13,8 +13,8 @@ from __future__ import annotations
 import platform
 import shutil
 import subprocess
-from importlib.metadata import version
 from collections.abc import Mapping, Sequence
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 

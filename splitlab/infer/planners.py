@@ -454,7 +454,11 @@ class ModelPlanner:
         ideal = min(candidates, default=current,
                     key=lambda c: (*_score(predict(c, models, num_layers)), c != current))  # fmt: skip
         now = predict(current, models, num_layers)
-        said = f"; defaults: {', '.join(self.calibration.defaults)}" if self.calibration.defaults else ""
+        said = (
+            f"; defaults: {', '.join(self.calibration.defaults)}"
+            if self.calibration.defaults
+            else ""
+        )
         if target == current and ideal != current:  # the horizon does not pay for the move
             return Decision(current, f"model: hold ({list(ideal)} saves {tpot(current) - tpot(ideal):.2f} "
                             f"ms x {self.horizon_tokens} tokens <= migration {migration(ideal):.1f} ms"

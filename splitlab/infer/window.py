@@ -293,7 +293,9 @@ class HeadControl:
 
     def _fail(self, epoch: int, reason: str, exc: SplitlabError) -> SplitlabError:
         abort = self.state.on_failure(reason) or BarrierAbort(epoch=epoch, reason=reason)
-        self._broadcast(BarrierAbort(epoch=abort.epoch, reason=reason, fatal=True), best_effort=True)
+        self._broadcast(
+            BarrierAbort(epoch=abort.epoch, reason=reason, fatal=True), best_effort=True
+        )
         self.migrator.abort()
         self.tracer.write(WindowRecord(epoch=epoch, barrier_ms=None, prestage_ms=None, commit_ms=None,
                           n_acks=len(self.state.acks), aborted=True,

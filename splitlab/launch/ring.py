@@ -53,8 +53,8 @@ from splitlab.infer.topology import resolve_ring
 from splitlab.launch.supervisor import ChildSpec, GroupResult, run_group
 from splitlab.loggers.write import log_run
 from splitlab.preflight import preflight
-from splitlab.testbed.placement import node_argv, place, testbed_for, write_record
 from splitlab.testbed.netns import TestbedError
+from splitlab.testbed.placement import node_argv, place, testbed_for, write_record
 from splitlab.testbed.session import Testbed
 from splitlab.wire.session_key import SESSION_KEY_ENV
 
@@ -200,8 +200,14 @@ def stage_children(
     return [
         ChildSpec(
             name=f"stage-{i}",
-            argv=placed(i, [*stage_argv(config_path, i, run_dir=run_dir, session=session),
-                            *(["--echo"] if echo else []), *(stage_args or {}).get(i, ())]),
+            argv=placed(
+                i,
+                [
+                    *stage_argv(config_path, i, run_dir=run_dir, session=session),
+                    *(["--echo"] if echo else []),
+                    *(stage_args or {}).get(i, ()),
+                ],
+            ),
             env={SESSION_KEY_ENV: key_hex, **stage_env()},
             log_path=logs / f"stage-{i}.log",
         )  # fmt: skip

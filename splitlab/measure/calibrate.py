@@ -134,7 +134,11 @@ def options_from(task: CalibrateTaskConfig) -> CalibrateOptions:
     if max_context < 256 and not task.contexts:
         raise ConfigError(f"task.max_context={task.max_context}: need >= 256 for a slope")
     p0 = task.prefill_min_tokens
-    prefill = (p0, p0 * 5 // 4, p0 * 3 // 2, p0 * 2) if task.quick else (p0, p0 * 2, p0 * 3, p0 * 4, p0 * 6)
+    prefill = (
+        (p0, p0 * 5 // 4, p0 * 3 // 2, p0 * 2)
+        if task.quick
+        else (p0, p0 * 2, p0 * 3, p0 * 4, p0 * 6)
+    )
     link_top = 1 << 20 if task.quick else 4 << 20
     return CalibrateOptions(
         contexts=_contexts(task, max_context), decode_steps=task.decode_steps,
@@ -414,7 +418,9 @@ _OFF_TARGET = "not on the target device"
 _LOOPBACK_LINK = "NOT A LINK MEASUREMENT"
 
 
-def on_testbed(result: CalibrationResult, *, host: str, testbed: dict[str, Any]) -> CalibrationResult:
+def on_testbed(
+    result: CalibrationResult, *, host: str, testbed: dict[str, Any]
+) -> CalibrationResult:
     """`result`, timed inside testbed host `host`, as a calibration of that emulated device.
 
     `testbed` is the testbed's record (`Testbed.record()`, a run's testbed.json). The compute

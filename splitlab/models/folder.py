@@ -16,7 +16,6 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-
 from splitlab.config.enums import ModelSource, TaskKind
 from splitlab.config.schema import ModelConfig
 from splitlab.errors import ConfigError

@@ -147,4 +147,3 @@ class TwoStageEngine:
         loss.backward()
         clip_and_step(self.last_params, self.last_optimizer, self.clip_grad_norm)
         return leaf_grads(inputs, f"last-stage gradient of microbatch {data_id}"), value
-

@@ -67,7 +67,6 @@ def testbed_for(cfg: TestbedConfig, *, probe: bool = True) -> Iterator[Testbed |
         yield tb
 
 
-
 def write_record(tb: Testbed, run_dir: Path) -> Path:
     """`RUN/testbed.json`: the testbed's record (hosts, nominal and probed links) for a run."""
     path = run_dir / RECORD_FILE
@@ -114,8 +113,12 @@ def broker_url(url: str, root_address: str) -> str:
 
 
 def node_delay_line(
-    cfg: TestbedConfig | Topology, role: str, rank: int, peers: Mapping[str, tuple[str, int]],
-    *, seed: int = 0,
+    cfg: TestbedConfig | Topology,
+    role: str,
+    rank: int,
+    peers: Mapping[str, tuple[str, int]],
+    *,
+    seed: int = 0,
 ) -> DelayLine | None:
     """The send-side delay line of `role` rank `rank` whose peers are {node id: (role, rank)};
     None without a testbed or when no path to a peer has a delay."""

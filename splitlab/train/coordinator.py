@@ -38,16 +38,6 @@ from splitlab.control.endpoint import ControlEndpoint
 from splitlab.control.membership import new_session_key_hex
 from splitlab.control.messages import Abort, BusMessage, Kind, Start, Stop, Update
 from splitlab.errors import AbortedError, AssetError, ProtocolError, WaitTimeoutError
-from splitlab.train.checkpoint import (
-    capture_rng,
-    checkpoint_bytes,
-    checkpoint_path,
-    latest_checkpoint,
-    prune_checkpoints,
-    remove_stale_temps,
-    save_checkpoint,
-    unshared,
-)
 from splitlab.telemetry.records import (
     AbortRecord,
     CheckpointRecord,
@@ -57,6 +47,16 @@ from splitlab.telemetry.records import (
     RoundStartRecord,
     StopRecord,
     round_number,
+)
+from splitlab.train.checkpoint import (
+    capture_rng,
+    checkpoint_bytes,
+    checkpoint_path,
+    latest_checkpoint,
+    prune_checkpoints,
+    remove_stale_temps,
+    save_checkpoint,
+    unshared,
 )
 from splitlab.train.fedavg import check_finite
 from splitlab.train.protocol import abort_peers

@@ -63,7 +63,9 @@ def evaluate_checkpoint(cfg: Config, checkpoint_dir: Path) -> dict[str, Any] | N
         )
     size = cfg.finetune.batch_size
     round_id = round_number(checkpoint.round_id)
-    desc = f"final evaluation of the round-{round_id} checkpoint on {len(held)} {held.name} examples"
+    desc = (
+        f"final evaluation of the round-{round_id} checkpoint on {len(held)} {held.name} examples"
+    )
     batches = track(
         held.batches(size, seed=0), desc,
         total=len(held.batch_indices(size, seed=0)), unit="batches", enabled=cfg.task.progress,

@@ -32,8 +32,8 @@ from splitlab.train.exchange import Exchange, exchange_for
 from splitlab.train.feed import OwnerFeed
 from splitlab.train.parts import build_training_parts
 from splitlab.train.role import COORDINATOR, TrainRole
-from splitlab.wire.delay import DELAY_SOURCE
 from splitlab.wire.base import Transport
+from splitlab.wire.delay import DELAY_SOURCE
 from splitlab.wire.registry import TransportFacts, open_transport
 from splitlab.wire.session_key import session_key
 

@@ -117,8 +117,10 @@ def check_finetune(cfg: Config) -> tuple[FinetuneTaskConfig, UShapeConfig | TwoS
             f"architecture={arch.name.value}: task=finetune across processes runs u_shape or "
             "two_stage"
         )
-    if isinstance(arch, UShapeConfig) and arch.compute_weights and (
-        len(arch.compute_weights) != arch.workers
+    if (
+        isinstance(arch, UShapeConfig)
+        and arch.compute_weights
+        and (len(arch.compute_weights) != arch.workers)
     ):
         raise ConfigError(
             f"architecture.compute_weights={arch.compute_weights}: {arch.workers} workers"

@@ -249,5 +249,3 @@ def _fit(spec: TrainRole, batches: list[Batch]) -> list[Batch]:
             spec.name, len(batches), room, spec.num_windows, spec.quota,
         )  # fmt: skip
     return batches[:room] if spec.role == "owner" else batches
-
-

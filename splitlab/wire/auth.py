@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 LABEL = "splitlab-wire-v1"
 MAX_HANDSHAKE_HEADER_BYTES = 4096  # a hello: four fields of <= 256 characters, JSON-escaped
 _NO_ROUTING = Routing()
+
+
 def new_nonce() -> str:
     return secrets.token_hex(16)
 

@@ -69,8 +69,6 @@ class Message:
         self.release()
 
 
-
-
 class InFlight:
     """Sends not known to be finished, with their tensors kept alive (and unmodified) until
     they are, so a caller can go on computing instead of waiting on every ticket.

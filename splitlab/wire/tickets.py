@@ -1,6 +1,6 @@
 """Send completion tickets, without torch: the control plane and the delay line wait on them.
 
-    .venv/bin/pytest tests/unit/test_wire_blobs.py -q
+.venv/bin/pytest tests/unit/test_wire_blobs.py -q
 """
 
 from __future__ import annotations

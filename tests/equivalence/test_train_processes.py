@@ -20,8 +20,8 @@ from safetensors.torch import load_file
 from test_train_engine import WINDOW, adamw, assert_same_parameters, batches, train_unsplit
 
 from splitlab.config.load import save_resolved_config
-from splitlab.configure import compose_config
 from splitlab.config.schema import LoraConfig
+from splitlab.configure import compose_config
 from splitlab.control.embedded import EmbeddedBusServer
 from splitlab.errors import ExitCode
 from splitlab.launch.supervisor import ChildSpec, run_group
@@ -255,9 +255,13 @@ def test_resume_continues_from_the_last_completed_round(tmp_path: Path) -> None:
         folder.mkdir()
 
     def launch(folder: Path, rounds: int, resume: bool) -> None:
-        coordinator = [f"task.rounds={rounds}", f"task.resume={str(resume).lower()}",
-                       "task.save_checkpoint=true", f"task.checkpoint_dir={folder / 'ckpt'}",
-                       "task.keep_checkpoints=all"]
+        coordinator = [
+            f"task.rounds={rounds}",
+            f"task.resume={str(resume).lower()}",
+            "task.save_checkpoint=true",
+            f"task.checkpoint_dir={folder / 'ckpt'}",
+            "task.keep_checkpoints=all",
+        ]
         children = specs(folder, "llama", data, ["worker0"], coordinator=coordinator)
         result = run_group(children, timeout_s=240, sink=None)
         assert result.exit_code == 0, result.diagnosis()

@@ -16,8 +16,8 @@ import pytest
 
 from splitlab.analysis.fits import CalibrationResult, load_cost, select_record
 from splitlab.analysis.report import analyze_run
-from splitlab.configure import compose_config
 from splitlab.config.schema import CalibrateTaskConfig
+from splitlab.configure import compose_config
 from splitlab.errors import ConfigError
 from splitlab.measure.calibrate import options_from
 

@@ -37,7 +37,7 @@ def _plan(session: str, sender: str = "o0") -> Plan:
 def _raw_op(bus: EmbeddedBus, op: str, meta_json: str) -> tuple[str, dict[str, Any]]:
     """Send an operation whose meta is raw JSON text (NaN and Infinity included), as a hostile
     client could, and read the answer."""
-    header = ('{"v":1,"kind":"%s","lane":"activation","src":null,"prio":0,"ids":{},'
+    header = ('{"v":1,"kind":"%s","lane":"activation","src":null,"prio":0,"ids":{},'  # noqa: UP031
               '"meta":%s,"tensors":[]}' % (op, meta_json)).encode()  # fmt: skip
     assert bus._conn is not None
     bus._conn.sock.sendall(struct.pack(">I", len(header)) + header)
@@ -58,7 +58,7 @@ def test_consume_with_a_bad_timeout_is_refused_naming_the_field(
 ) -> None:
     bus = buses.open("w0")
     began = time.monotonic()
-    kind, meta = _raw_op(bus, "consume", '{"max":1,"timeout_s":%s}' % value)
+    kind, meta = _raw_op(bus, "consume", '{"max":1,"timeout_s":%s}' % value)  # noqa: UP031 (JSON braces)
     assert time.monotonic() - began < 5.0
     assert kind == "error" and "'timeout_s'" in meta["reason"], meta
     _still_serves(buses, bus)
@@ -75,7 +75,7 @@ def test_consume_with_a_bad_timeout_is_refused_naming_the_field(
         ("settle", '{"nacks":[5]}', "'nacks'"),
         ("settle", '{"acks":{"a":1}}', "'acks'"),
         ("publish", '{"queue":["x"]}', "'queue'"),
-        ("publish", '{}', "'queue'"),
+        ("publish", "{}", "'queue'"),
         ("hello", '{"session":"s"}', "hello again"),
         ("frobnicate", "{}", "unknown embedded bus op"),
     ],
@@ -162,8 +162,9 @@ def test_hello_must_name_the_authenticated_node(buses: BusFactory) -> None:
                          server_id=_SERVER_ID, lane=_LANE, timeout_s=5)  # fmt: skip
         rogue = EmbeddedBus(_Conn(sock, "host"), session=buses.session, node_id="o0",
                             timeout_s=5.0)  # fmt: skip
-        with pytest.raises(ProtocolError, match="hello as 'o0' on a connection "
-                                                "authenticated as 'w1'"):
+        with pytest.raises(
+            ProtocolError, match="hello as 'o0' on a connection authenticated as 'w1'"
+        ):
             rogue._call("hello", {"session": buses.session, "node_id": "o0", "prefetch": 1})
         with pytest.raises(ProtocolError, match="'consume' before hello"):
             rogue._call("consume", {"max": 1, "timeout_s": 0.0})

@@ -1,6 +1,6 @@
 """The merged checkpoint's final evaluation: its result and its one progress line.
 
-    .venv/bin/pytest tests/integration/test_final_eval.py -q
+.venv/bin/pytest tests/integration/test_final_eval.py -q
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from model_helpers import tiny_config
 
 from splitlab.config.load import load_resolved_config
 from splitlab.configure import compose_config
@@ -24,7 +25,6 @@ from splitlab.launch.ring import run_infer
 from splitlab.models.families import get_family
 from splitlab.models.plan import even_cuts
 from splitlab.preflight import check_data
-from model_helpers import tiny_config
 
 
 def save_folder(folder: Path, family: str, *, num_layers: int, vocab_size: int = 96) -> Path:

@@ -12,8 +12,8 @@ import pytest
 import torch
 from model_helpers import model_option
 
-from splitlab.configure import compose_config
 from splitlab.config.schema import Config
+from splitlab.configure import compose_config
 from splitlab.errors import ExitCode
 from splitlab.infer.ring import GenParams
 from splitlab.launch.ring import run_ring, spawn_stages

@@ -89,7 +89,10 @@ def test_control_star_carries_messages_both_ways(ring3) -> None:
     for i in (1, 2):
         assert links[i].ctrl.recv() == BarrierCommit(epoch=i)
         links[i].ctrl.send(Ack(epoch=i, stage=i))
-    assert [links[0].ctrls[i].recv() for i in (1, 2)] == [Ack(epoch=1, stage=1), Ack(epoch=2, stage=2)]
+    assert [links[0].ctrls[i].recv() for i in (1, 2)] == [
+        Ack(epoch=1, stage=1),
+        Ack(epoch=2, stage=2),
+    ]
 
 
 def test_two_stages_share_one_activation_connection() -> None:

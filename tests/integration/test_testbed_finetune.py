@@ -12,12 +12,12 @@ import json
 from pathlib import Path
 
 import pytest
+from test_finetune_task import TINY
+from test_testbed import _leftovers
 
 from splitlab.configure import compose_config
 from splitlab.launch.train import run_finetune
 from splitlab.testbed import placement, session
-from test_finetune_task import TINY
-from test_testbed import _leftovers
 
 # edge_cloud_wan's placement with a faster link, so the tiny job stays short; the delay stays
 SHAPED = [

@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_finetune_task import TINY
 
 from splitlab.configure import compose_config
 from splitlab.launch.train import run_finetune
-from test_finetune_task import TINY
 
 ROOT = Path(__file__).resolve().parents[2]
 # activations of ~1 MiB per microbatch (16 x 64 x 256 floats), so frames outlast the bucket's

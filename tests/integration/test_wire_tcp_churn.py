@@ -12,12 +12,12 @@ import threading
 import time
 
 import torch
+from wire_helpers import KEY, SESSION, tcp_transport
 
 from splitlab.errors import PeerLostError
 from splitlab.wire.auth import client_handshake
 from splitlab.wire.base import Message
 from splitlab.wire.frame import Lane
-from wire_helpers import KEY, SESSION, tcp_transport
 
 CHURN = 500  # past the ~278 connect/close events that used to fill the lane's wake-up pipe
 

@@ -91,7 +91,11 @@ def test_round_legend_names_owners_once_and_marks_the_merged_model(training: pd.
     final = {"round": 4, "split": "test", "val_loss": 0.5, "val_accuracy": 0.75}
     fig = plots.plot_training_rounds(select(training, "round"), final)
     ax_loss, ax_acc = fig.axes
-    assert [line.get_label() for line in ax_acc.lines] == ["owner0", "owner1", "merged model (test)"]
+    assert [line.get_label() for line in ax_acc.lines] == [
+        "owner0",
+        "owner1",
+        "merged model (test)",
+    ]
     star = ax_acc.lines[-1]
     assert (list(star.get_xdata()), list(star.get_ydata())) == ([4], [0.75])
     assert ax_loss.get_ylabel() == "loss (cross-entropy, nats per example)"

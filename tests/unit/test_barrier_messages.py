@@ -104,7 +104,9 @@ def test_control_lane_pipe_times_out_and_reports_a_closed_peer() -> None:
 def test_a_nan_observation_crosses_the_control_lane_as_null() -> None:
     hub = InProcHub()
     a, b = InProcTransport("stage-0", hub), InProcTransport("stage-1", hub)
-    CtrlChannel(b.channel("stage-0", Lane.CONTROL, timeout_s=1)).send(Ack(epoch=1, stage=1, obs=OBS))
+    CtrlChannel(b.channel("stage-0", Lane.CONTROL, timeout_s=1)).send(
+        Ack(epoch=1, stage=1, obs=OBS)
+    )
     got = CtrlChannel(a.channel("stage-1", Lane.CONTROL, timeout_s=1)).recv()
     assert got == Ack(epoch=1, stage=1, obs={**OBS, "link_obs": None})
     a.close()

@@ -1,6 +1,6 @@
 """Pure parsers of the kernel figures a testbed host's live drift source reads.
 
-    .venv/bin/pytest tests/unit/test_drift_host_kernel.py -q
+.venv/bin/pytest tests/unit/test_drift_host_kernel.py -q
 """
 
 from __future__ import annotations

@@ -8,12 +8,12 @@ import pytest
 
 from splitlab.configure import compose_config
 from splitlab.errors import ConfigError
+from splitlab.hosts import is_loopback
 from splitlab.infer.stage import stage_run
 from splitlab.infer.topology import resolve_ring
 from splitlab.launch.ring import prepare_ring, ring_on_testbed, stage_children
 from splitlab.testbed import session
 from splitlab.testbed.topology import Layout, topology_from_config
-from splitlab.hosts import is_loopback
 from splitlab.wire.session_key import SESSION_KEY_ENV
 
 
@@ -72,7 +72,9 @@ def _laid_out(cfg) -> session.Testbed:
 
 
 def test_testbed_ring_puts_every_stage_and_the_head_on_its_host() -> None:
-    cfg = compose_config(["task=infer", "testbed=ring3_edge", "testbed.placement.stage=[dev2,dev0,dev1]"])
+    cfg = compose_config(
+        ["task=infer", "testbed=ring3_edge", "testbed.placement.stage=[dev2,dev0,dev1]"]
+    )
     ring = ring_on_testbed(cfg, _laid_out(cfg))
     assert ring.peer_hosts == ["10.211.7.12", "10.211.7.10", "10.211.7.11"]
     assert ring.ctrl_host == "10.211.7.12"

@@ -101,7 +101,8 @@ def test_cause_rank_covers_every_exit_code() -> None:
     assert ranks[0] is None
     assert {c for c, r in ranks.items() if r == 2} == {int(ExitCode.ABORTED)}
     assert {c for c, r in ranks.items() if r == 1} == {
-        int(ExitCode.PEER_LOST), int(ExitCode.TIMEOUT)
+        int(ExitCode.PEER_LOST),
+        int(ExitCode.TIMEOUT),
     }
     assert all(r == 0 for c, r in ranks.items() if c not in (0, 3, 4, 8))
 

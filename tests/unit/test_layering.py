@@ -84,7 +84,10 @@ def imports_in(source: str, *, importer: str, path: str, is_package: bool) -> It
 def imports_of(path: Path) -> Iterator[Import]:
     rel = str(path.relative_to(PACKAGE_DIR.parent))
     return imports_in(
-        path.read_text(), importer=module_name(path), path=rel, is_package=path.name == "__init__.py"
+        path.read_text(),
+        importer=module_name(path),
+        path=rel,
+        is_package=path.name == "__init__.py",
     )
 
 

@@ -31,7 +31,8 @@ def _tool() -> ModuleType:
 def test_only_and_contexts_flags_reach_the_options() -> None:
     tool = _tool()
     args = tool.build_parser().parse_args(
-        ["--model", "tiny_llama", "--only", "load,decode", "--contexts", "2048,128,512"])
+        ["--model", "tiny_llama", "--only", "load,decode", "--contexts", "2048,128,512"]
+    )
     overrides = tool.overrides(args)
     assert "task.only=[load,decode]" in overrides and "task.contexts=[2048,128,512]" in overrides
     options = options_from(compose_config(overrides).task)

@@ -1,6 +1,6 @@
 """A local model folder's facts from its config.json; the data file's header checks.
 
-    pytest tests/unit/test_model_folder.py -q
+pytest tests/unit/test_model_folder.py -q
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from model_helpers import tiny_config
 
 from splitlab.config.enums import ModelSource
 from splitlab.config.schema import DataConfig
@@ -18,7 +19,6 @@ from splitlab.data.sources import check_columns, read_table
 from splitlab.errors import ConfigError
 from splitlab.models.families import get_family
 from splitlab.models.folder import local_folder, read_folder_config, resolve_local_model
-from model_helpers import tiny_config
 
 
 def _save(folder: Path, family: str, *, num_layers: int) -> Path:

@@ -97,7 +97,9 @@ def test_a_family_registered_by_path_is_built_on_first_use_and_checked() -> None
     try:
         kind = family_kind("llama_by_path")
         assert (kind.task, kind.model_types, kind.target) == (
-            TaskKind.causal_lm, frozenset({"llama", "qwen2"}), path
+            TaskKind.causal_lm,
+            frozenset({"llama", "qwen2"}),
+            path,
         )
         adapter = get_family("llama_by_path")
         assert isinstance(adapter, LlamaAdapter) and get_family("llama_by_path") is adapter

@@ -19,7 +19,12 @@ from splitlab.node import apply_host_facts, control_address, parse_args, scripte
 from splitlab.train.role import Fixture, train_role
 from splitlab.wire.session_key import SESSION_KEY_ENV, session_key
 
-TINY = ["model=tiny_bert", "data.samples_per_owner=32", "finetune.batch_size=4", "task.steps_per_round=0"]
+TINY = [
+    "model=tiny_bert",
+    "data.samples_per_owner=32",
+    "finetune.batch_size=4",
+    "task.steps_per_round=0",
+]
 
 
 def test_control_address_parses_host_and_port() -> None:

@@ -1,6 +1,6 @@
 """planner=model (splitlab.infer.planners.ModelPlanner): calibration, observations, migration cost.
 
-    .venv/bin/pytest tests/unit/test_planner_model.py -q
+.venv/bin/pytest tests/unit/test_planner_model.py -q
 """
 
 from __future__ import annotations

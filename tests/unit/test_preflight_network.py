@@ -1,6 +1,6 @@
 """Pre-spawn network checks that need no socket: what a testbed run can reach.
 
-    .venv/bin/pytest tests/unit/test_preflight_network.py -q
+.venv/bin/pytest tests/unit/test_preflight_network.py -q
 """
 
 from __future__ import annotations

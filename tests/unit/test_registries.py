@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from splitlab.choices import check_registered
-from splitlab.configure import compose_config
 from splitlab.config.schema import ControlConfig, TransportConfig
+from splitlab.configure import compose_config
 from splitlab.control import bus
 from splitlab.drift import profiles
 from splitlab.errors import ConfigError

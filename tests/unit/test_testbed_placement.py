@@ -13,6 +13,7 @@ import pytest
 
 from splitlab.configure import compose_config
 from splitlab.errors import ConfigError
+from splitlab.testbed import session
 from splitlab.testbed.placement import (
     CONTROL_PORT,
     broker_url,
@@ -21,7 +22,6 @@ from splitlab.testbed.placement import (
     node_delay_line,
     place,
 )
-from splitlab.testbed import session
 from splitlab.testbed.topology import Layout, topology_from_config
 
 NODE = ["python", "-m", "splitlab.node", "--config", "c.yaml"]

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from splitlab.config import schema
 from splitlab.config.load import CONF_DIR
 from splitlab.configure import compose_config
-from splitlab.config import schema
 from splitlab.errors import ConfigError
 from splitlab.testbed.cgroup import quota_us
 from splitlab.testbed.netns import missing_privileges
