@@ -54,7 +54,13 @@ from splitlab.launch.supervisor import ChildSpec, GroupResult, run_group
 from splitlab.loggers.write import log_run
 from splitlab.preflight import preflight
 from splitlab.testbed.netns import TestbedError
-from splitlab.testbed.placement import node_argv, place, testbed_for, write_record
+from splitlab.testbed.placement import (
+    fetch_node_assets,
+    node_argv,
+    place,
+    testbed_for,
+    write_record,
+)
 from splitlab.testbed.session import Testbed
 from splitlab.wire.session_key import SESSION_KEY_ENV
 
@@ -129,6 +135,7 @@ def prepare_ring(cfg: Config, run_dir: Path, *, echo: bool = False,
             f"testbed={cfg.testbed.name}: the ring's testbed is not up (start it with run_ring)"
         )
     ring = resolve_ring(cfg) if testbed is None else ring_on_testbed(cfg, testbed)
+    fetch_node_assets(cfg)
     if testbed is not None:
         # fresh namespaces: nothing else listens there, and the root namespace cannot bind
         # their addresses to check

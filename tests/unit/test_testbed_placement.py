@@ -18,6 +18,7 @@ from splitlab.testbed.placement import (
     CONTROL_PORT,
     broker_url,
     control_address,
+    fetch_node_assets,
     node_argv,
     node_delay_line,
     place,
@@ -91,3 +92,17 @@ def test_node_delay_line_is_the_path_delay_to_each_peer() -> None:
     assert node_delay_line(compose_config([]).testbed, "owner", 0, peers) is None
     assert node_delay_line(compose_config(["testbed=ring3_edge"]).testbed, "stage", 0,
                            {"s1": ("stage", 1)}) is None  # fmt: skip
+
+
+def test_a_testbed_run_fetches_its_packaged_assets_in_the_root_namespace(monkeypatch) -> None:
+    from splitlab import assets
+
+    fetched: list[str] = []
+    monkeypatch.setattr(assets, "fetch", fetched.append)  # the registry is not a unit's to call
+    fetch_node_assets(compose_config(["testbed=none"]))
+    assert fetched == []  # on loopback every node reaches the registry itself
+    cfg = compose_config(["testbed=edge_cloud_wan"])
+    fetch_node_assets(cfg)
+    expected = [cfg.model.id, cfg.model.tokenizer, cfg.data.name]  # the main job's: all assets
+    assert fetched == [n for n in dict.fromkeys(expected) if n in assets.ASSETS]
+    assert fetched and set(fetched) <= set(assets.ASSETS)
