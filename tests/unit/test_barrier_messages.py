@@ -9,7 +9,6 @@ import struct
 import pytest
 
 from splitlab.control.messages import (
-    MAX_HEADER_BYTES,
     Ack,
     BarrierAbort,
     BarrierCommit,
@@ -22,6 +21,7 @@ from splitlab.control.messages import (
 from splitlab.errors import PeerLostError, ProtocolError, WaitTimeoutError
 from splitlab.infer.ring_wire import CtrlChannel
 from splitlab.wire.frame import Lane
+from splitlab.wire.header import MAX_HEADER_BYTES
 from splitlab.wire.inproc import InProcHub, InProcTransport
 
 OBS = {"theta_obs": 41.2, "q_cmp_obs": 0.5, "q_mem_obs": 0.25, "link_obs": math.nan}
