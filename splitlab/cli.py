@@ -93,13 +93,15 @@ PREFLIGHT_TASKS = frozenset({"finetune", "infer"})  # tasks that start node proc
 def run(cfg: Config) -> int:
     """Validate and run one composed config; returns the process exit code. A task that starts
     nodes is preflighted before its launcher is imported: the launcher's import (torch,
-    transformers) took 49 s at load 12, the checks themselves well under a second."""
+    transformers) took 49 s at load 12, the checks themselves well under a second. Its runner
+    is then told so, and does not check (and read the data file) a second time."""
     validate(cfg)
     name = cfg.task.name.value
     if name in PREFLIGHT_TASKS:
         from splitlab.preflight import preflight
 
         preflight(cfg)
+        return int(resolve_task(name)(cfg, preflighted=True))
     return int(resolve_task(name)(cfg))
 
 

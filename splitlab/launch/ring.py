@@ -258,9 +258,11 @@ def run_ring(cfg: Config, *, run_dir: str | Path, timeout_s: float | None = None
     return group, result
 
 
-def run_infer(cfg: Config) -> int:
-    """The `task=infer` runner: a local ring on the composed config; prints `answer_lines`."""
-    preflight(cfg)
+def run_infer(cfg: Config, *, preflighted: bool = False) -> int:
+    """The `task=infer` runner: a local ring on the composed config; prints `answer_lines`.
+    `preflighted`: the caller (`cli.run`) already ran `preflight(cfg)`."""
+    if not preflighted:
+        preflight(cfg)
     run_dir = Path(cfg.run_dir or f"outputs/infer-{time.strftime('%Y%m%d-%H%M%S')}")
     group, result = run_ring(cfg, run_dir=run_dir)
     if group.exit_code != 0:

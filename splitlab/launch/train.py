@@ -111,10 +111,12 @@ def thread_env(num_nodes: int) -> dict[str, str]:
     return {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(threads)), **stage_env()}
 
 
-def run_finetune(cfg: Config) -> int:
-    """The `task=finetune` runner: every node as a local process; returns the exit code."""
+def run_finetune(cfg: Config, *, preflighted: bool = False) -> int:
+    """The `task=finetune` runner: every node as a local process; returns the exit code.
+    `preflighted`: the caller (`cli.run`) already ran `preflight(cfg)`."""
     _, arch = check_finetune(cfg)
-    preflight(cfg)
+    if not preflighted:
+        preflight(cfg)
     began = time.monotonic()
     run_dir = Path(cfg.run_dir or f"outputs/finetune-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
