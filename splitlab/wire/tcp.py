@@ -217,6 +217,11 @@ class TcpTransport(Transport):
         for old in self._by_lane[lane]:  # peers gone from an undrained lane do not pile up
             if old.ended_quietly():
                 old.lost(PeerClosedError("prefix", 0, "connection closed by the peer"))
+                if old.read_lock.acquire(blocking=False):
+                    try:
+                        old.close_if_idle()
+                    finally:
+                        old.read_lock.release()
         with self._cond:
             if self._closed:
                 sock.close()
@@ -431,6 +436,7 @@ class TcpTransport(Transport):
         if isinstance(exc, BlockingIOError):
             exc = TimeoutError(f"stalled mid-frame for stall_timeout_s={self.stall_timeout_s}")
         error = conn.lost(exc)
+        conn.close_if_idle()  # the caller holds its read lock
         with self._cond:  # the caller sees this loss now; do not report it twice
             self._drop_unreported(conn.lane, conn.peer)
         return error

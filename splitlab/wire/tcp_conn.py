@@ -231,6 +231,16 @@ class Connection:
         self.on_lost(self)
         return error
 
+    def close_if_idle(self) -> None:
+        """Close a lost connection's socket now if no send is in flight (the caller holds
+        `read_lock`, so no read is either); else the last reference closes it. Waiting for the
+        garbage collector instead would let a stream of bad peers hold one fd each: the stored
+        error's traceback and the connection refer to each other."""
+        with self._cond:
+            if self.error is None or self._busy:
+                return
+        self.sock.close()  # no send starts once `error` is set, and the reader is the caller
+
     def drain(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         with self._cond:

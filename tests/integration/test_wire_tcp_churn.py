@@ -6,15 +6,18 @@ nobody drains must not wedge the lane; a legitimate peer still connects and is r
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
+import struct
 import threading
 import time
 
+import pytest
 import torch
 from wire_helpers import KEY, SESSION, tcp_transport
 
-from splitlab.errors import PeerLostError
+from splitlab.errors import PeerLostError, ProtocolError
 from splitlab.wire.auth import client_handshake
 from splitlab.wire.base import Message
 from splitlab.wire.frame import Lane
@@ -72,3 +75,25 @@ def test_connect_close_churn_on_an_undrained_lane_never_wedges_it() -> None:
         a.close(drain_timeout_s=0)
         if done:  # a wedged transport cannot be closed
             b.close(drain_timeout_s=0)
+
+
+def test_peers_dropped_for_bad_frames_release_their_sockets_at_once() -> None:
+    """A connection dropped for a malformed frame closes its socket then, not when the garbage
+    collector breaks the cycle through its stored error (a stream of bad peers held one fd
+    each until then)."""
+    lane = Lane.ACTIVATION
+    b = tcp_transport("b", "127.0.0.3")
+    gc.disable()
+    try:
+        fds = len(os.listdir("/proc/self/fd"))
+        for i in range(40):
+            with socket.create_connection(b.address, timeout=5) as sock:
+                client_handshake(sock, key=KEY, session=SESSION, client_id=f"bad{i}",
+                                 server_id="b", lane=lane.value, timeout_s=5)  # fmt: skip
+                sock.sendall(struct.pack(">I", 5) + b"{bad}")
+                with pytest.raises(ProtocolError, match="not valid JSON"):
+                    b.recv(lane, timeout_s=5)
+        assert len(os.listdir("/proc/self/fd")) - fds < 5, "dropped peers' sockets stay open"
+    finally:
+        gc.enable()
+        b.close(drain_timeout_s=0)
