@@ -30,6 +30,7 @@ from splitlab.wire.header import (
 )
 
 Blob = bytes | bytearray | memoryview
+GROW_FROM_BYTES = 64 << 10  # a blob's first buffer; it doubles as its bytes arrive
 _NO_ROUTING = Routing()
 
 
@@ -85,9 +86,20 @@ def read_blob_frame(recv_into: RecvInto, scratch: bytearray, *,
     blob is allocated."""
     header = read_header(recv_into, scratch, max_frame_bytes=max_frame_bytes)
     _check_blobs(header)
-    blobs: dict[str, bytearray] = {}
-    for spec in header.tensors:
-        buf = bytearray(spec.nbytes)
-        recv_exact(recv_into, memoryview(buf), what=f"tensors.{spec.name}")
-        blobs[spec.name] = buf
-    return header, blobs
+    return header, {
+        s.name: _recv_blob(recv_into, s.nbytes, f"tensors.{s.name}") for s in header.tensors
+    }
+
+
+def _recv_blob(recv_into: RecvInto, nbytes: int, what: str) -> bytearray:
+    """`nbytes` from the stream in a buffer that grows (doubling) as they arrive: a header
+    that announces a large blob and sends nothing makes the reader allocate (and zero) no
+    more than `GROW_FROM_BYTES`, never the whole announced size."""
+    buf = bytearray(min(nbytes, GROW_FROM_BYTES))
+    got = 0
+    while True:
+        recv_exact(recv_into, memoryview(buf)[got:], what=what)
+        got = len(buf)
+        if got == nbytes:
+            return buf
+        buf[got:] = bytes(min(got, nbytes - got))

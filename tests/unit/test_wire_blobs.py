@@ -80,3 +80,40 @@ def test_the_control_plane_reads_frames_without_importing_torch() -> None:
     code = ("import sys, splitlab.control.embedded, splitlab.control.messages, splitlab.wire.auth; "
             "sys.exit('torch' in sys.modules)")  # fmt: skip
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_a_blob_announced_large_is_allocated_only_as_its_bytes_arrive() -> None:
+    """A peer announcing a 1 GiB blob and sending 10 bytes must not make the reader allocate
+    (and zero) 1 GiB: that was seconds of CPU and a GiB of RSS per such request on the bus."""
+    import resource
+
+    from splitlab.wire.blobs import GROW_FROM_BYTES
+    from splitlab.wire.header import Lane, Routing, TensorSpec, encode_header
+
+    big = 1 << 30
+    head = encode_header("publish", Lane.ACTIVATION, Routing(), None, 0, {},
+                         [TensorSpec("body", "uint8", (big,), big)])  # fmt: skip
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(TruncatedFrameError, match=f"after 10 of {GROW_FROM_BYTES} bytes"):
+        read_blob_frame(_Stream(head + b"x" * 10).recv_into, bytearray(4 + MAX_HEADER_BYTES),
+                        max_frame_bytes=2 * big)  # fmt: skip
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grown_kib < 64 << 10, f"peak RSS grew {grown_kib} KiB"
+
+
+def test_a_blob_over_the_first_buffer_grows_and_round_trips() -> None:
+    from splitlab.wire.blobs import GROW_FROM_BYTES
+
+    body = bytes(range(256)) * ((3 * GROW_FROM_BYTES) // 256) + b"tail"
+    data = memoryview(blob_frame_bytes("publish", {}, {"body": body}))
+    pos = 0
+
+    def recv_into(view: memoryview, nbytes: int) -> int:  # reads of up to 64 KiB
+        nonlocal pos
+        k = min(nbytes, len(data) - pos, 1 << 16)
+        view[:k] = data[pos : pos + k]
+        pos += k
+        return k
+
+    _, blobs = read_blob_frame(recv_into, bytearray(4 + MAX_HEADER_BYTES), max_frame_bytes=1 << 30)
+    assert bytes(blobs["body"]) == body
