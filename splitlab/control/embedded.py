@@ -27,7 +27,9 @@ restart after a crash takes over at once), it consumes only that queue, and ever
 publishes must carry that node as `sender` and its session as `session_id`. The handshake
 proves only the session key, so a key holder can still claim a node that is not connected;
 `ControlEndpoint(peers=...)` drops messages from senders outside the run. A publish reaches
-only queues of the publisher's session, and creates at most `MAX_QUEUES` queues in all. A
+only queues of the publisher's session, and creates at most `MAX_QUEUES` queues in all; a
+node's queue that is empty when its connection ends is forgotten (declared again on its next
+hello or a publish to it), so node ids that come and go do not pile up queues. A
 malformed or refused operation gets an `error` reply naming the field (`ProtocolError` on
 the client) and the connection goes on.
 
@@ -214,6 +216,14 @@ class _Queues:
                 if cond is not None:
                     cond.notify_all()
 
+    def forget_if_empty(self, name: str) -> None:
+        """Drop `name` if it holds nothing (its node left): a publish or hello declares it
+        again, and node ids that come and go cannot grow the broker."""
+        with self.lock:
+            if name in self.ready and not self.ready[name]:
+                del self.ready[name]
+                self.conds.pop(name).notify_all()
+
     def close(self) -> None:
         with self.lock:
             self.closed = True
@@ -330,8 +340,10 @@ class EmbeddedBusServer:
                 self.queues.requeue(name, bodies)
             with self._conns_lock:
                 self._conns.discard(conn)
-                if client.queue is not None and self._holders.get(client.queue) is client:
+                held = client.queue is not None and self._holders.get(client.queue) is client
+                if held:
                     del self._holders[client.queue]
+                    self.queues.forget_if_empty(client.queue)
             conn.close()
 
     def _handle(

@@ -181,3 +181,20 @@ def test_unknown_sender_abort_is_dropped_by_a_node_with_peers(buses: BusFactory)
     buses.open("w0").publish("o0", _plan(buses.session, sender="w0"))
     msg = node.wait_for((Kind.PLAN,), timeout_s=5.0)  # no AbortedError: x9 is no peer
     assert msg.sender == "w0" and node.inbox.unknown_senders == {"x9": 1}
+
+
+def test_node_ids_that_come_and_go_do_not_pile_up_queues(buses: BusFactory) -> None:
+    """Each hello declares the node's queue; one left empty is forgotten when the node
+    leaves (a key holder cycling made-up node ids used to grow the broker without bound)."""
+    assert buses.server is not None
+    before = set(buses.server.queue_names())
+    for i in range(50):
+        buses.open(f"n{i}").close()
+    owner = buses.open("o0")
+    owner.publish("w0", _plan(buses.session))  # w0 is not connected: its message waits
+    owner.close()
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and len(buses.server.queue_names()) > len(before) + 1:
+        time.sleep(0.05)  # a server thread forgets its queue as it ends
+    assert set(buses.server.queue_names()) - before == {f"splitlab.{buses.session}.w0"}
+    _still_serves(buses, buses.open("w0"))  # and w0 still gets what was published to it
