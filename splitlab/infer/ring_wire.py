@@ -44,7 +44,11 @@ def ctrl_frame(msg: BarrierMessage) -> tuple[str, dict[str, Any]]:
 
 
 def ctrl_message(header: FrameHeader) -> BarrierMessage:
-    """The barrier message a control-lane frame carries (ProtocolError names a bad field)."""
+    """The barrier message a control-lane frame carries (ProtocolError names a bad field, or
+    a frame that carries tensors: a barrier message is its kind and meta only)."""
+    if header.tensors:
+        names = [s.name for s in header.tensors]
+        raise ProtocolError(f"{header.kind} message on the control lane carries tensors {names}")
     msg = from_frame(header, {})
     if not isinstance(msg, BarrierMessage):
         raise ProtocolError(f"{header.kind} message on the control lane: not a barrier message")

@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 
 from splitlab.control.messages import Ack, Propose
+from splitlab.errors import ProtocolError
 from splitlab.infer.ring_wire import ctrl_frame, ctrl_message, ring_links
-from splitlab.wire.frame import FrameHeader, Lane
+from splitlab.wire.frame import FrameHeader, Lane, TensorSpec
 from splitlab.wire.inproc import InProcHub, InProcTransport
 
 
@@ -51,3 +52,11 @@ def test_a_control_message_is_a_frame_kind_and_json_meta(msg) -> None:
     kind, meta = ctrl_frame(msg)
     assert kind == msg.KIND.value and meta["epoch"] == msg.epoch
     assert ctrl_message(FrameHeader(kind=kind, lane=Lane.CONTROL, meta=meta)) == msg
+
+
+def test_a_control_frame_that_carries_tensors_is_refused_naming_them() -> None:
+    kind, meta = ctrl_frame(Propose(epoch=1, token=4, cuts=(2,)))
+    header = FrameHeader(kind=kind, lane=Lane.CONTROL, meta=meta,
+                         tensors=(TensorSpec("x", "uint8", (4,), 4),))  # fmt: skip
+    with pytest.raises(ProtocolError, match=r"propose message .* carries tensors \['x'\]"):
+        ctrl_message(header)
