@@ -60,6 +60,10 @@ from splitlab.wire.tcp_reader import WAIT_SLICE_S, FrameReader
 
 log = logging.getLogger(__name__)
 
+# Lost peers remembered so that a send or recv naming one fails at once with why; older
+# losses (churned strangers with made-up ids, mostly) are forgotten, so they cannot pile up.
+MAX_LOST_PEERS = 1024
+
 
 class TcpTransport(Transport):
     """The TCP data plane of one process (see module docstring).
@@ -258,7 +262,10 @@ class TcpTransport(Transport):
                 why = str(conn.error)
                 if not isinstance(conn.error, PeerLostError):
                     why = f"peer {conn.peer!r} dropped on the {conn.lane.value} lane: {why}"
+                self._lost.pop(conn.peer, None)  # the newest loss goes last
                 self._lost[conn.peer] = why
+                if len(self._lost) > MAX_LOST_PEERS:
+                    del self._lost[next(iter(self._lost))]
                 self._drop_unreported(conn.lane, conn.peer)  # one pending loss per peer
                 self._unreported[conn.lane].append(why)
                 self._counters.add("peers_lost")

@@ -97,3 +97,23 @@ def test_peers_dropped_for_bad_frames_release_their_sockets_at_once() -> None:
     finally:
         gc.enable()
         b.close(drain_timeout_s=0)
+
+
+def test_lost_peers_are_remembered_up_to_a_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Peers with made-up ids that connect and go cannot grow the transport: it remembers the
+    newest MAX_LOST_PEERS losses (one each used to be kept forever)."""
+    monkeypatch.setattr("splitlab.wire.tcp.MAX_LOST_PEERS", 8)
+    lane = Lane.ACTIVATION
+    b = tcp_transport("b", "127.0.0.3")
+    try:
+        for i in range(20):
+            with socket.create_connection(b.address, timeout=5) as sock:
+                client_handshake(sock, key=KEY, session=SESSION, client_id=f"gone{i}",
+                                 server_id="b", lane=lane.value, timeout_s=5)  # fmt: skip
+            with pytest.raises(PeerLostError, match=f"gone{i}"):
+                b.recv(lane, timeout_s=5)
+        assert list(b._lost) == [f"gone{i}" for i in range(12, 20)]
+        with pytest.raises(PeerLostError, match="gone19"):
+            b.send("gone19", lane, "x", {}, timeout_s=1)
+    finally:
+        b.close(drain_timeout_s=0)
