@@ -10,6 +10,8 @@ before the node that failed has finished exiting, and peers see a lost connectio
 ranked (`cause_rank`: a cause, then a lost peer or timeout, then a relayed abort), and after a
 failure that is not a cause the group keeps running for `cause_grace_s` to let the cause's own
 exit arrive; `root_cause` picks the earliest exit of the best rank (pure, tested exhaustively).
+When that cause only timed out or lost a peer, the children still running after the grace are
+named as possibly hung: a frozen node logs nothing, its peers only see their waits run out.
 
 SIGTERM and SIGINT to the supervisor are handled alike: every child is torn down and the result
 names the signal, with exit code 128 + its number, like a shell. Children are always torn
@@ -86,7 +88,12 @@ class GroupResult:
         if others:
             text += "\n  also failed (consequences): " + ", ".join(others)
         torn_down = [c.name for c in self.children.values() if c.killed]
-        if torn_down:
+        if torn_down and child.name != SUPERVISOR and cause_rank(child.exit_code or 0) == 1:
+            # the cause only timed out or lost a peer, and these were still running a grace
+            # later: a hung node shows up here, not in any log line
+            text += "\n  still running after the others failed (hung?), torn down: "
+            text += ", ".join(torn_down)
+        elif torn_down:
             text += "\n  torn down: " + ", ".join(torn_down)
         return text
 
@@ -288,6 +295,7 @@ def _teardown(children: list[_Child], grace_s: float) -> None:
     for child in alive:
         child.killed = True
         child.signal_group(signal.SIGTERM)
+        child.signal_group(signal.SIGCONT)  # a stopped child acts on its SIGTERM only once resumed
     deadline = time.monotonic() + grace_s
     for child in alive:
         try:

@@ -64,6 +64,20 @@ def test_teardown_is_prompt_and_reaches_children_that_ignore_sigterm() -> None:
     assert result.children["stubborn"].exit_code is not None
 
 
+def test_a_stopped_child_dies_of_its_sigterm_without_the_grace() -> None:
+    # a frozen node (SIGSTOP) keeps a SIGTERM pending: without a SIGCONT the teardown waited
+    # the whole grace for the SIGKILL (tools/fault_matrix.py, freeze cells)
+    frozen = "import os, signal; os.kill(os.getpid(), signal.SIGSTOP)"
+    crasher = "import time, sys; time.sleep(1); sys.exit(2)"
+    start = time.monotonic()
+    result = run_group(
+        [_child("frozen", frozen), _child("crasher", crasher)], sink=None, grace_s=30
+    )
+    assert time.monotonic() - start < 15
+    assert result.children["frozen"].killed
+    assert result.children["frozen"].exit_code == -15  # SIGTERM, not the grace's SIGKILL
+
+
 def test_group_timeout_tears_everything_down() -> None:
     result = run_group(
         [_child("sleeper", "import time; time.sleep(60)")], sink=None, timeout_s=1, grace_s=1
@@ -211,3 +225,18 @@ def test_diagnosis_names_the_cause_the_consequences_and_the_torn_down() -> None:
     assert "non-finite gradient in layers.1" in text
     assert "also failed (consequences): coordinator (exit 8, aborted)" in text
     assert text.endswith("torn down: owner0")
+
+
+def test_diagnosis_names_the_nodes_still_running_after_a_timeout_as_hung() -> None:
+    # a frozen owner: its peers time out, it logs nothing (tools/fault_matrix.py, freeze cells)
+    children = {
+        "worker0": ChildResult("worker0", 4, ["'worker0' waited 12.0 s for update"]),
+        "owner0": ChildResult("owner0", -15, [], killed=True),
+    }
+
+    timed_out = GroupResult(exit_code=4, first_failure="worker0", children=children).diagnosis()
+    children["worker0"] = ChildResult("worker0", 1, ["Traceback"])
+    crashed = GroupResult(exit_code=1, first_failure="worker0", children=children).diagnosis()
+
+    assert timed_out.endswith("still running after the others failed (hung?), torn down: owner0")
+    assert crashed.endswith("\n  torn down: owner0")
