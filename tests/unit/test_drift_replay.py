@@ -5,14 +5,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
+from tool_helpers import load_tool
 
 from splitlab.config.enums import DriftSource
 from splitlab.config.schema import DriftConfig
@@ -261,15 +260,6 @@ def test_make_source_refuses_a_profile_read_live() -> None:
 
 
 # --- tools -----------------------------------------------------------------------------------
-
-
-def load_tool(name: str) -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "tools" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_make_drift_trace_tool_writes_a_readable_trace(tmp_path: Path) -> None:

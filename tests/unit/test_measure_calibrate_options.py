@@ -6,11 +6,10 @@ and the refusal of a decode sweep with no more contexts than the fit's parameter
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from tool_helpers import load_tool
 
 from splitlab.config.schema import CalibrateTaskConfig
 from splitlab.configure import compose_config
@@ -19,17 +18,8 @@ from splitlab.measure.calibrate import PROBES, options_from
 from splitlab.measure.probes import load_counts
 
 
-def _tool() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "tools" / "calibrate.py"
-    spec = importlib.util.spec_from_file_location("calibrate_tool", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_only_and_contexts_flags_reach_the_options() -> None:
-    tool = _tool()
+    tool = load_tool("calibrate")
     args = tool.build_parser().parse_args(
         ["--model", "tiny_llama", "--only", "load,decode", "--contexts", "2048,128,512"]
     )
@@ -51,7 +41,7 @@ def test_no_only_runs_every_probe_and_contexts_default_to_geometric() -> None:
 )
 def test_bad_flags_exit_2_naming_the_flag(argv: list[str], capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as done:
-        _tool().build_parser().parse_args(argv)
+        load_tool("calibrate").build_parser().parse_args(argv)
     assert done.value.code == 2
     assert argv[0] in capsys.readouterr().err
 
@@ -77,7 +67,7 @@ def test_tool_exits_2_naming_the_contexts_before_any_timing(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     out = tmp_path / "cal.json"
-    code = _tool().main(["--model", "tiny_llama", "--only", "decode", "--contexts", "128,2048",
+    code = load_tool("calibrate").main(["--model", "tiny_llama", "--only", "decode", "--contexts", "128,2048",
                          "--out", str(out)])  # fmt: skip
     assert code == 2 and "task.contexts=[128, 2048]" in capsys.readouterr().err
     assert not out.exists()
