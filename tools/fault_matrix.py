@@ -67,6 +67,15 @@ MOMENT_WAIT_S = 300.0  # a bound on waiting for a moment on a loaded host, not a
 EXIT_WAIT_S = 180.0  # a bound on the launcher's exit after the fault
 RESUME_WAIT_S = 600.0  # a bound on the whole resumed run
 POLL_S = 0.01
+CAVEATS = {  # (role, moment) -> what the trigger cannot promise
+    ("coordinator", "between_rounds"): "the coordinator sends the next START right after it "
+    "traces round_end, so by the time the trace is read it has usually started round 1: the "
+    "freeze or kill lands while the others run round 1's windows",
+    ("owner", "checkpoint_write"): "the coordinator's moment: the owner is waiting for the "
+    "merged update",
+    ("worker", "checkpoint_write"): "the coordinator's moment: the worker is waiting for the "
+    "merged update",
+}
 
 
 # --- what the run shows (pure) ------------------------------------------------------------------
@@ -276,6 +285,18 @@ def _reap(pids: Iterable[int]) -> None:
             pass
 
 
+def _wait_diagnosis(proc: subprocess.Popen[bytes], log_path: Path, timeout_s: float
+                    ) -> float | None:  # fmt: skip
+    """When the launcher printed its diagnosis (monotonic), watching until it exits; None
+    when it exited without one."""
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        if b"fine-tuning failed: " in log_path.read_bytes():
+            return time.monotonic()
+        time.sleep(0.05)
+    return None
+
+
 def resume_outcome(run_dir: Path, expected_round: int, log_path: Path) -> dict[str, Any]:
     """Re-run with task.resume=true: it must exit 0, start at `expected_round` (the round after
     the last checkpoint on disk) and checkpoint the last round."""
@@ -315,11 +336,13 @@ def run_cell(fault: str, role: str, moment: str, *, work_dir: Path, resume: bool
     log_path = run_dir.parent / f"{run_dir.name}.launcher.log"
     cell: dict[str, Any] = {"fault": fault, "role": role, "moment": moment, "victim": victim,
                             "run_dir": str(run_dir)}  # fmt: skip
+    if (role, moment) in CAVEATS:
+        cell["caveat"] = CAVEATS[role, moment]
     tail, ckpts = TraceTail(run_dir), run_dir / "checkpoints"
     temp_glob = f".{checkpoint_path(ckpts, 0).name}.tmp-*"  # round 0's write in progress
     proc = launcher(run_dir, log_path=log_path)
     victim_pid = None
-    fault_at = None
+    fault_at = diagnosed_at = None
     deadline = time.monotonic() + MOMENT_WAIT_S
     try:
         while proc.poll() is None and time.monotonic() < deadline:
@@ -344,8 +367,8 @@ def run_cell(fault: str, role: str, moment: str, *, work_dir: Path, resume: bool
             cell["note"] = "the moment was never seen: no fault injected"
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)  # the launcher tears its nodes down
-        code = proc.wait(timeout=EXIT_WAIT_S)
-        exited_at = time.monotonic()
+        diagnosed_at = _wait_diagnosis(proc, log_path, EXIT_WAIT_S)
+        code, exited_at = proc.wait(timeout=EXIT_WAIT_S), time.monotonic()
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         code, exited_at = proc.wait(), time.monotonic()
@@ -359,6 +382,8 @@ def run_cell(fault: str, role: str, moment: str, *, work_dir: Path, resume: bool
         exit_codes=exit_codes(diagnosis, NODES),
         victim_named_as=victim_named_as(diagnosis, victim),
         exit_after_fault_s=None if fault_at is None else round(exited_at - fault_at, 2),
+        diagnosis_after_fault_s=None if fault_at is None or diagnosed_at is None
+        else round(diagnosed_at - fault_at, 2),
         orphans=[{"pid": p, "node": n} for p, n in sorted(orphans.items())],
         checkpoints=check_checkpoints(ckpts) if ckpts.is_dir() else {"files": [], "ok": True,
                                                                      "corrupt": {}, "temps": []},
@@ -387,7 +412,8 @@ def cell_line(cell: dict[str, Any]) -> str:
     return (
         f"{head} {'hit ' if cell['hit'] else 'MISS'} first cause {cell['first_cause']} "
         f"({cell['exit_codes'].get(cell['first_cause'], '?')}), victim named as "
-        f"{cell['victim_named_as']}, exit {cell['exit_after_fault_s']:.1f} s after the fault: "
+        f"{cell['victim_named_as']}, diagnosis {cell['diagnosis_after_fault_s']} s and exit "
+        f"{cell['exit_after_fault_s']:.1f} s after the fault: "
         f"{'diagnosed' if cell['diagnosed'] else 'NOT DIAGNOSED'}"
         f", orphans {len(cell['orphans'])}, checkpoints "
         f"{'ok' if cell['checkpoints']['ok'] else 'CORRUPT'} ({len(cell['checkpoints']['files'])})"
@@ -426,6 +452,9 @@ def summarize(report: BenchReport, cells: list[dict[str, Any]]) -> None:
                           sum(c["resume"]["ok"] for c in resumed) / len(resumed), 1.0, ">=")  # fmt: skip
     if ran:
         report.add_ratio("max_exit_after_fault_s", max(c["exit_after_fault_s"] for c in ran))
+        printed = [c["diagnosis_after_fault_s"] for c in ran if c.get("diagnosis_after_fault_s")]
+        if printed:
+            report.add_ratio("max_diagnosis_after_fault_s", max(printed))
 
 
 def main(argv: list[str] | None = None) -> int:
