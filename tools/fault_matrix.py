@@ -11,7 +11,9 @@ and verifies its checksum, and the outcome of a resumed run (`task.resume=true`)
 continuing from the round after the last checkpoint on disk, up to the last round.
 
 Moments and how they are seen (the fault goes in as soon as the trigger is seen, and `hit`
-says whether the run was still in that moment when the signal landed):
+says whether the run was still in that moment when the signal landed, as far as the files
+show: traces are written by a thread, a few ms behind; `CAVEATS` names the cells whose
+trigger cannot promise the moment):
   start             the victim logged "starting" and the coordinator traced no round yet
   mid_window        worker0 traced `open` of a round-1 window, and not yet its `commit`
   checkpoint_write  the round-0 temp file is in RUN/checkpoints (after the coordinator's
