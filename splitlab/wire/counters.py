@@ -8,7 +8,9 @@ peak-lease figures, and `emit(tracer)` writes the snapshot as one `TransportReco
 
 from __future__ import annotations
 
+import statistics
 import threading
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,6 +19,8 @@ from splitlab.telemetry.trace import Tracer
 from splitlab.wire.frame import Lane
 from splitlab.wire.pool import BufferPool
 
+SAMPLES = 256  # per-frame values kept per name for a median
+
 
 class WireCounters:
     """Thread-safe running totals; cheap enough to bump once per frame."""
@@ -24,6 +28,7 @@ class WireCounters:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._values: dict[str, float] = {}
+        self._samples: dict[str, deque[float]] = {}
         self._keys: dict[Lane, tuple[str, str, str, str]] = {}
         for lane in Lane:
             names = ("frames_sent", "bytes_sent", "frames_recv", "bytes_recv")
@@ -54,9 +59,16 @@ class WireCounters:
         with self._lock:
             self._values[name] = max(self._values.get(name, value), value)
 
+    def sample(self, name: str, value: float) -> None:
+        """Add a per-frame `value` under `name`; the snapshot reports the median of the last
+        `SAMPLES` (robust where a busy host biases single frames either way)."""
+        with self._lock:
+            self._samples.setdefault(name, deque(maxlen=SAMPLES)).append(value)
+
     def snapshot(self, pools: Mapping[str, BufferPool] | None = None) -> dict[str, Any]:
         with self._lock:
             out: dict[str, Any] = dict(self._values)
+            out.update({name: statistics.median(v) for name, v in self._samples.items()})
         for name, pool in (pools or {}).items():
             for key, value in pool.stats.as_dict().items():
                 out[f"pool.{name}.{key}"] = value

@@ -435,8 +435,10 @@ class TcpTransport(Transport):
             self._counters.add(f"rx.{conn.peer}.stream_bytes", streamed)
             self._counters.add(f"rx.{conn.peer}.stream_ms", ms)
             self._counters.add(f"rx.{conn.peer}.stream_frames")
-            if ms > 0:  # the fastest frame: a busy host only slows a frame, never speeds it
-                self._counters.peak(f"rx.{conn.peer}.stream_peak_mbit", streamed * 8 / (ms * 1e3))
+            if ms > 0:  # per frame: a starved sender slows one, a batched receive path speeds one
+                rate = streamed * 8 / (ms * 1e3)
+                self._counters.sample(f"rx.{conn.peer}.stream_median_mbit", rate)
+                self._counters.peak(f"rx.{conn.peer}.stream_peak_mbit", rate)
         return Message(header, tensors, lease, conn.peer)
 
     def _lose(self, conn: Connection, exc: BaseException) -> BaseException:

@@ -56,7 +56,9 @@ def test_bench_under_a_co_runner_is_noisy_and_require_quiet_fails(
     report = json.loads(out.read_text())
     machine = report["machine"]
     assert machine["noisy"] is True and machine["samples_during"] >= 1
-    assert machine["runnable_during_mean"] > machine["cores"], machine  # the spinners were seen
+    # the spinners were seen (each sample subtracts the bench's own tasks, read a moment
+    # apart from procs_running, so a sample can miss one: 1.5 with 2 spinners on 2 cores)
+    assert machine["runnable_during_mean"] >= 1.0, machine
     assert report["targets"] and all(t["trusted"] is False for t in report["targets"].values())
     assert report["targets_trusted"] is False
     assert report["ratios"]["tcp_vs_raw_rtt_4KiB"] > 0  # a noisy run still reports its ratios

@@ -40,6 +40,7 @@ def test_derive_link_params_recovers_each_shaped_rate_from_a_testbed_run(tmp_pat
         [sys.executable, str(ROOT / "tools" / "derive_link_params.py"), cfg.run_dir, "--json"],
         capture_output=True, text=True, check=True, cwd=ROOT, timeout=60,
     )  # fmt: skip
+    print(out.stdout)  # the measured paths, shown with -s or on failure
     assert "NOT A LINK MEASUREMENT" not in out.stdout
     paths = [json.loads(line) for line in out.stdout.splitlines()]
     seen = {(p["src_host"], p["dst_host"]): p for p in paths}

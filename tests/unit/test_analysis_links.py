@@ -117,20 +117,22 @@ def test_shaped_paths_measure_rate_and_delay_per_direction_from_the_last_counter
     frame = pd.DataFrame([
         _wire("worker", 0, 1, **{"rx.owner0.stream_bytes": 1.0, "rx.owner0.stream_ms": 1.0}),
         _wire("worker", 0, 2, **{"rx.owner0.stream_bytes": 2_000_000, "rx.owner0.stream_ms": 1000.0,
-                                 "rx.owner0.stream_frames": 3, "rx.owner0.stream_peak_mbit": 19.5},
+                                 "rx.owner0.stream_frames": 3, "rx.owner0.stream_median_mbit": 19.5,
+                                 "rx.owner0.stream_peak_mbit": 21.0},
               held_ms={"owner0": {"frames": 4, "mean_ms": 27.0, "min_ms": 25.2}}),
         _wire("owner", 0, 3, **{"rx.worker0.stream_bytes": 1_000_000, "rx.worker0.stream_ms": 1000.0,
-                                "rx.worker0.stream_frames": 2, "rx.worker0.stream_peak_mbit": 8.1},
+                                "rx.worker0.stream_frames": 2, "rx.worker0.stream_median_mbit": 8.1},
               held_ms={"worker0": {"frames": 4, "mean_ms": 26.0, "min_ms": 24.9}}),
     ])  # fmt: skip
     paths = {(p.src, p.dst): p for p in shaped_paths(frame, TESTBED)}
     up, down = paths[("owner0", "worker0")], paths[("worker0", "owner0")]
     assert (up.src_host, up.dst_host, up.frames) == ("edge1", "cloud", 3)
-    # rate: the fastest frame (the link's capacity); mean: all timed bytes over all timed ms
+    # rate: the median frame; mean: all timed bytes over all timed ms; peak: the fastest frame
     assert up.rate_mbit == 19.5 and up.nominal_mbit == 20.0  # edge1 up: 20
-    assert up.mean_mbit == pytest.approx(16.0)
+    assert up.mean_mbit == pytest.approx(16.0) and up.peak_mbit == 21.0
     assert (up.delay_ms, up.delay_mean_ms, up.nominal_delay_ms) == (24.9, 26.0, 25.0)
     assert down.rate_mbit == 8.1 and down.mean_mbit == pytest.approx(8.0)  # edge1 down: 8
+    assert down.peak_mbit is None
     assert down.frames == 2 and down.delay_ms == 25.2 and down.nominal_mbit == 8.0
     assert "0.975x" in format_path(up) and "(mean 16.00)" in format_path(up)
 

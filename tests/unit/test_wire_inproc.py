@@ -119,3 +119,10 @@ def test_counters_peak_keeps_the_largest_value_seen() -> None:
     for value in (12.0, 29.5, 3.0):
         counters.peak("rx.owner0.stream_peak_mbit", value)
     assert counters.snapshot()["rx.owner0.stream_peak_mbit"] == 29.5
+
+
+def test_counters_sample_reports_the_median_of_the_values() -> None:
+    counters = WireCounters()
+    for value in (30.0, 12.0, 29.0, 31.0, 45.0):  # one starved frame, one batched one
+        counters.sample("rx.owner0.stream_median_mbit", value)
+    assert counters.snapshot()["rx.owner0.stream_median_mbit"] == 30.0
