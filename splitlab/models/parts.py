@@ -126,6 +126,13 @@ class Part(PartGroup):
             return ()
         return crossing_names(self.span.code_in)
 
+    def input_of(
+        self, crossing: Mapping[str, torch.Tensor]
+    ) -> torch.Tensor | Mapping[str, torch.Tensor]:
+        """What `forward` takes from a received crossing (its `receives` tensors): the mapping
+        itself after a low-rank cut, else the hidden state."""
+        return crossing if self.span.code_in is not None else crossing[HIDDEN]
+
     def forward(
         self,
         x: torch.Tensor | Mapping[str, torch.Tensor],

@@ -25,7 +25,7 @@ import torch
 
 from splitlab.errors import ConfigError, NonFiniteError
 from splitlab.models.families import INPUT_IDS, PAD_MASK
-from splitlab.models.parts import HIDDEN, Part
+from splitlab.models.parts import Part
 from splitlab.models.tokens import positions_from_pad_mask
 from splitlab.telemetry.records import BackwardRecord, Emit, ForwardRecord, StepRecord
 from splitlab.train.nodes import (
@@ -136,7 +136,7 @@ class TwoStageEngine:
         """What the last stage does per arriving microbatch: forward, loss, backward, step."""
         what = f"last stage, microbatch {data_id}"
         inputs = leaves(pick(crossing, self.last.receives, what), self.last_device)
-        x = inputs if self.last.span.code_in is not None else inputs[HIDDEN]
+        x = self.last.input_of(inputs)
         pad_mask = batch[PAD_MASK]
         logits = self.last(x, pad_mask, positions_from_pad_mask(pad_mask))
         adapter = self.last.adapter

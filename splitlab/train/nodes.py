@@ -210,7 +210,7 @@ class OwnerNode:
         pad_mask = batch[PAD_MASK]
         what = f"tail of owner {self.name!r}, microbatch {microbatch}"
         tail_in = leaves(pick(crossing, self.tail.receives, what), device_of(self.tail))
-        x = tail_in if self.tail.span.code_in is not None else tail_in[HIDDEN]
+        x = self.tail.input_of(tail_in)
         logits = self.tail(x, pad_mask, positions_from_pad_mask(pad_mask))
         adapter = self.tail.adapter
         loss = adapter.loss(logits, adapter.labels(batch))
@@ -279,7 +279,7 @@ class WorkerNode:
         what = f"body of worker {self.name!r}, microbatch {key}"
         pad_mask_BT = pad_mask_BT.to(device)
         body_in = leaves(pick(crossing, self.body.receives, what), device)
-        x = body_in if self.body.span.code_in is not None else body_in[HIDDEN]
+        x = self.body.input_of(body_in)
         positions = positions_from_pad_mask(pad_mask_BT)
         out = self.timer.time(device, lambda: self.body(x, pad_mask_BT, positions))
         body_out = as_crossing(out)

@@ -26,7 +26,7 @@ from splitlab.models.families import INPUT_IDS, PAD_MASK
 from splitlab.models.parts import Part
 from splitlab.models.tokens import positions_from_pad_mask
 from splitlab.train.nodes import Batch, Crossing, OwnerNode, WorkerNode, as_crossing, pick
-from splitlab.train.protocol import HIDDEN, IDLE_WAIT_S, owned, try_recv
+from splitlab.train.protocol import IDLE_WAIT_S, owned, try_recv
 from splitlab.train.protocol import PAD_MASK as WIRE_PAD_MASK
 from splitlab.train.validate import Metrics, evaluate
 from splitlab.wire.base import Transport
@@ -106,4 +106,4 @@ def part_input(part: Part, crossing: Crossing, peer: str) -> torch.Tensor | Cros
     """What `part` takes from a received crossing: the named tensors at a low-rank cut, else
     the hidden state."""
     picked = pick(crossing, part.receives, f"validation input from {peer!r}")
-    return picked if part.span.code_in is not None else picked[HIDDEN]
+    return part.input_of(picked)

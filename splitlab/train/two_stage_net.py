@@ -33,7 +33,7 @@ import torch
 from splitlab.config.enums import TaskKind
 from splitlab.errors import ConfigError, NonFiniteError, ProtocolError, WaitTimeoutError
 from splitlab.models.families import INPUT_IDS, PAD_MASK
-from splitlab.models.parts import HIDDEN, Part
+from splitlab.models.parts import Part
 from splitlab.models.tokens import positions_from_pad_mask
 from splitlab.telemetry.records import BackwardRecord, Emit, ForwardRecord, Record, StepRecord
 from splitlab.train.nodes import (
@@ -258,7 +258,7 @@ class LastStage:
         received = {n: owned(msg, n) for n in msg.tensors}
         what = f"validation batch {msg.routing.microbatch} from {msg.peer!r}"
         inputs = pick(received, self.part.receives, what)
-        x = inputs if self.part.span.code_in is not None else inputs[HIDDEN]
+        x = self.part.input_of(inputs)
         pad_mask, labels = received[WIRE_PAD_MASK], received[LABELS]
         mode, adapter = self.part.training, self.part.adapter
         self.part.eval()
@@ -282,7 +282,7 @@ class LastStage:
     ) -> tuple[dict[str, torch.Tensor], float]:
         what = f"last stage, microbatch {data_id} from {peer!r}"
         inputs = leaves(pick(received, self.part.receives, what), self.device)
-        x = inputs if self.part.span.code_in is not None else inputs[HIDDEN]
+        x = self.part.input_of(inputs)
         pad_mask = received[WIRE_PAD_MASK].to(self.device)
         labels = received[LABELS].to(self.device)
         logits = self.part(x, pad_mask, positions_from_pad_mask(pad_mask))
