@@ -14,10 +14,10 @@ from splitlab.telemetry.host_load import (
     HostSample,
     descendants,
     noisy_reasons,
-    own_running,
     parse_loadavg,
     parse_proc_stat,
     parse_stat,
+    running_tasks,
     steal_fraction,
     summarize,
 )
@@ -66,8 +66,16 @@ def test_steal_fraction_is_over_the_interval_not_since_boot() -> None:
 
 
 def test_a_quiet_host_has_no_reasons() -> None:
-    assert noisy_reasons(cores=2, load_1m_before=1.0, load_1m_after=2.0, runnable_mean=2.0,
+    assert noisy_reasons(cores=2, load_1m_before=1.0, load_1m_after=2.0, runnable_mean=1.0,
                          steal=0.01) == []  # fmt: skip
+
+
+def test_other_tasks_filling_every_core_make_a_run_noisy() -> None:
+    # one spinner per core leaves the benchmark no core of its own (read 2, or 1.5 on a miss)
+    for runnable in (2.0, 1.5):
+        reasons = noisy_reasons(cores=2, load_1m_before=0.0, load_1m_after=0.0,
+                                runnable_mean=runnable, steal=0.0)  # fmt: skip
+        assert len(reasons) == 1 and "runnable" in reasons[0]
 
 
 @pytest.mark.parametrize(
@@ -84,8 +92,8 @@ def test_each_kind_of_load_makes_a_run_noisy(field: str, value: float, reason: s
 
 def test_summarize_does_not_count_the_reader_among_runnable_tasks() -> None:
     quiet = summarize(cores=2, before=_sample(), after=_sample(total=2000),
-                      during=[_sample(running=3), _sample(running=3)])  # fmt: skip
-    assert quiet["runnable_during_mean"] == 2 and quiet["noisy"] is False
+                      during=[_sample(running=2), _sample(running=2)])  # fmt: skip
+    assert quiet["runnable_during_mean"] == 1 and quiet["noisy"] is False
     busy = summarize(cores=2, before=_sample(), after=_sample(total=2000),
                      during=[_sample(running=3), _sample(running=5)])  # fmt: skip
     assert busy["runnable_during_mean"] == 3 and busy["noisy"] is True
@@ -119,10 +127,23 @@ def test_descendants_walks_the_whole_tree_and_nothing_else() -> None:
     assert descendants(10, parents) == {10, 11, 12, 13}
 
 
-def test_own_running_counts_at_least_this_reader() -> None:
+def test_running_tasks_counts_the_tree_and_the_rest_apart() -> None:
     import os
+    import subprocess
+    import sys
+    import time
 
-    assert own_running(os.getpid()) >= 1
+    assert running_tasks(os.getpid())[0] >= 1  # this reader
+    spin = "import time\nend = time.monotonic() + 20\nwhile time.monotonic() < end: pass\n"
+    spinner = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        time.sleep(0.5)
+        # rooted at the spinner: it is the tree's one runnable thread; this reader is another's
+        own, others = running_tasks(spinner.pid)
+        assert own == 1 and others >= 1
+    finally:
+        spinner.kill()
+        spinner.wait(10)
 
 
 def test_physics_holds_within_the_tolerance() -> None:
