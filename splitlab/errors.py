@@ -23,6 +23,7 @@ class ExitCode(IntEnum):
     PROTOCOL = 6  # a malformed frame or message from a peer
     ASSETS = 7  # a packaged model or dataset could not be fetched
     ABORTED = 8  # the round was aborted because another node failed
+    STORAGE = 9  # a file could not be written (disk full, read-only, no permission)
 
 
 class SplitlabError(Exception):
@@ -59,6 +60,12 @@ class AssetError(SplitlabError, RuntimeError):
 
 class AbortedError(SplitlabError):
     exit_code = ExitCode.ABORTED
+
+
+class StorageError(SplitlabError, OSError):
+    """A file could not be written; the message names the file and the cause."""
+
+    exit_code = ExitCode.STORAGE
 
 
 def registered(table: Mapping[str, T], name: str, key: str) -> T:

@@ -42,7 +42,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from splitlab.config.enums import KeepCheckpoints
-from splitlab.errors import AssetError
+from splitlab.errors import AssetError, StorageError
 from splitlab.telemetry.records import round_number
 
 log = logging.getLogger(__name__)
@@ -128,9 +128,17 @@ def save_checkpoint(
     val_loss: float | None = None,
 ) -> Path:
     """Write round `round_id`'s merged state atomically; returns the final path. `val_loss`
-    (the round's validation loss, if validated) is kept in the metadata for `prune`."""
+    (the round's validation loss, if validated) is kept in the metadata for `prune`.
+
+    Raises:
+        StorageError: naming the file and the cause (a full disk, a read-only folder) when it
+            cannot be written; no temp file is left behind and earlier checkpoints are intact.
+    """
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StorageError(f"checkpoint folder {str(directory)!r}: cannot be made: {exc}") from exc
     final = checkpoint_path(directory, round_id)
     temp = directory / f".{final.name}.tmp-{os.getpid()}"
     tensors = unshared(state)
@@ -146,9 +154,19 @@ def save_checkpoint(
         save_file(tensors, str(temp), metadata=metadata)
         _fsync_path(temp)
         os.replace(temp, final)
+        _fsync_path(directory)  # the rename survives a crash only once the folder is synced
+    except (OSError, SafetensorError) as exc:
+        kept = completed_rounds(directory)
+        raise StorageError(
+            f"checkpoint {str(final)!r}: cannot be written: {exc}; nothing partial is left, "
+            + (
+                f"the newest earlier one is {checkpoint_path(directory, kept[-1]).name}"
+                if kept
+                else "no earlier checkpoint is in the folder"
+            )
+        ) from exc
     finally:
         temp.unlink(missing_ok=True)
-    _fsync_path(directory)  # the rename itself survives a crash only once the folder is synced
     return final
 
 

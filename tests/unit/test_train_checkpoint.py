@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from splitlab.config.enums import KeepCheckpoints
-from splitlab.errors import AssetError
+from splitlab.errors import AssetError, ExitCode, StorageError
 from splitlab.train import checkpoint
 from splitlab.train.checkpoint import (
     capture_rng,
@@ -97,9 +97,12 @@ def test_failed_write_leaves_no_checkpoint_and_no_temp(
 
     monkeypatch.setattr(checkpoint, "save_file", crash_mid_write)
 
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(StorageError, match="disk full") as raised:
         save_checkpoint(tmp_path, round_id=5, state=_state())
 
+    assert "round-000006.safetensors" in str(raised.value)
+    assert "no earlier checkpoint" in str(raised.value)
+    assert raised.value.exit_code == ExitCode.STORAGE
     assert list(tmp_path.iterdir()) == []
     assert latest_checkpoint(tmp_path) is None
 
