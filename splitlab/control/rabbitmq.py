@@ -6,7 +6,8 @@
 - manual acks with a `prefetch` bound (`basic_qos`);
 - queues `splitlab.<session>.<node_id>`: non-durable, not exclusive (a restarted node finds
   its queue and its unacked messages again) and with `x-expires`, so the queues of a run
-  that crashed before `cleanup` vanish by themselves; `cleanup` deletes by exact name only;
+  whose launcher was killed vanish by themselves; otherwise the launcher deletes them (and
+  the tensor transport's) by exact name once every node has exited (`delete_queues`);
 - nothing hangs: heartbeats detect a dead broker, `blocked_connection_timeout` bounds a
   broker in flow control, `socket_timeout` / `stack_timeout` bound connecting, and every
   pika connection failure becomes `PeerLostError` naming the broker (never the password).
@@ -193,3 +194,29 @@ class RabbitMQBus(ControlBus):
     def _lose(self, what: str, exc: BaseException) -> NoReturn:
         self._lost = f"lost ({exc!r})"
         raise PeerLostError(f"{what}: {exc!r}") from None
+
+
+def delete_queues(url: str, names: Iterable[str], *, timeout_s: float = 10.0) -> int:
+    """Delete the queues `names` (exact names; a missing one is no error on RabbitMQ) over one
+    short connection; returns how many it deleted. The launcher removes a session's queues
+    with it once every node has exited, whatever their exit.
+
+    Raises:
+        PeerLostError: naming the broker (never the password) when it cannot be reached.
+    """
+    params = pika.URLParameters(url)
+    params.socket_timeout = params.stack_timeout = params.blocked_connection_timeout = timeout_s
+    params.connection_attempts = 1
+    names = sorted(set(names))
+    try:
+        conn = pika.BlockingConnection(params)
+        try:
+            channel = conn.channel()
+            for name in names:
+                channel.queue_delete(queue=name)
+        finally:
+            if conn.is_open:
+                conn.close()
+    except pika.exceptions.AMQPError as exc:
+        raise PeerLostError(f"cannot delete queues on {broker_label(params)}: {exc!r}") from None
+    return len(names)

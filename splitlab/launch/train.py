@@ -41,8 +41,9 @@ from splitlab.analysis.result import FINAL_METRICS_FILE
 from splitlab.analysis.rounds import summarize, write_round_outputs
 from splitlab.config.load import save_resolved_config
 from splitlab.config.schema import Config
+from splitlab.control.bus import queue_name
 from splitlab.control.membership import new_session_key_hex
-from splitlab.errors import ExitCode
+from splitlab.errors import ExitCode, PeerLostError
 from splitlab.launch.supervisor import ChildSpec, run_group
 from splitlab.loggers.write import log_run
 from splitlab.preflight import preflight
@@ -95,6 +96,31 @@ def node_children(
                 ChildSpec(name=name, argv=argv, env=env, log_path=run_dir / "logs" / f"{name}.log")
             )
     return children
+
+
+def remove_broker_queues(cfg: Config, session: str, nodes: list[str]) -> None:
+    """Delete the queues the session's nodes declared on a RabbitMQ broker (control bus and
+    tensor transport), once they have all exited: a node that died never deleted its own.
+    A broker that cannot be reached now is said once; the queues then expire by themselves."""
+    by_url: dict[str, list[str]] = {}
+    if cfg.control.name == "rabbitmq":
+        by_url.setdefault(cfg.control.url, []).extend(queue_name(session, n) for n in nodes)
+    if cfg.transport.name == "rabbitmq":
+        from splitlab.wire.amqp import session_queues
+
+        by_url.setdefault(cfg.transport.url, []).extend(session_queues(session, nodes))
+    if not by_url:
+        return
+    from splitlab.control.rabbitmq import delete_queues  # pulls in pika
+
+    for url, names in by_url.items():
+        try:
+            deleted = delete_queues(url, names)
+        except PeerLostError as exc:
+            log.warning("the queues of session %s stay on the broker until they expire (1 h): "
+                        "%s", session, exc)  # fmt: skip
+        else:
+            log.debug("deleted the %d queues of session %s", deleted, session)
 
 
 def thread_env(num_nodes: int) -> dict[str, str]:
@@ -156,6 +182,7 @@ def run_finetune(cfg: Config, *, preflighted: bool = False) -> int:
         finally:
             if server is not None:
                 server.close()
+            remove_broker_queues(cfg, session, [child.name for child in children])
     rows = write_round_outputs(run_dir)
     if group.exit_code != 0:
         log.error("fine-tuning failed: %s", group.diagnosis())

@@ -1,7 +1,8 @@
 """RabbitMQ tensor transport (pika): the same frames as message bodies, kept to compare against.
 
 Each peer owns two queues, `splitlab.<session>.<peer>.<lane>`, declared with AMQP priorities
-and deleted by their owner on close (never anyone else's). pika connections are not thread
+and an hour's `x-expires`, deleted by their owner on close (never anyone else's) and by the
+launcher once every node has exited (a node that died never closed). pika connections are not thread
 safe, so every connection lives in the one thread that made it: a consumer thread per
 transport (one channel per lane, `prefetch = queue_frames`, so each lane's receive queue is
 bounded on its own) and a publisher thread per lane fed by a priority queue. Acks travel to the
@@ -19,7 +20,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pika
@@ -45,11 +46,17 @@ log = logging.getLogger(__name__)
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 MAX_AMQP_PRIORITY = 10
+QUEUE_EXPIRES_MS = 3_600_000  # unused for an hour, a queue goes (a killed launcher's leftovers)
 _STOP = object()
 
 
 def queue_name(session: str, peer_id: str, lane: Lane) -> str:
     return f"splitlab.{session}.{peer_id}.{lane.value}"
+
+
+def session_queues(session: str, peer_ids: Iterable[str]) -> list[str]:
+    """Every queue the peers `peer_ids` of `session` may have declared."""
+    return [queue_name(session, peer, lane) for peer in peer_ids for lane in Lane]
 
 
 def amqp_priority(priority: int) -> int:
@@ -119,7 +126,8 @@ class AmqpTransport(Transport):
                 ch = conn.channel()
                 ch.basic_qos(prefetch_count=self.queue_frames)
                 name = queue_name(self.session, self.peer_id, lane)
-                ch.queue_declare(name, arguments={"x-max-priority": MAX_AMQP_PRIORITY})
+                ch.queue_declare(name, arguments={"x-max-priority": MAX_AMQP_PRIORITY,
+                                                  "x-expires": QUEUE_EXPIRES_MS})  # fmt: skip
                 ch.queue_purge(name)
                 ch.basic_consume(name, functools.partial(self._on_message, lane), auto_ack=False)
         except Exception as exc:  # surfaced by __init__
