@@ -23,8 +23,10 @@ import importlib
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -45,7 +47,7 @@ from splitlab.config.load import (
 from splitlab.config.schema import Config
 from splitlab.configure import validate
 from splitlab.errors import ConfigError, ExitCode, SplitlabError
-from splitlab.telemetry.log import setup_logging
+from splitlab.telemetry.log import exit_now, setup_logging
 
 # task name -> "module:function" taking (cfg: Config) and returning an exit code.
 TASKS: dict[str, str] = {
@@ -238,5 +240,27 @@ def main() -> None:
         sys.exit(ExitCode.CONFIG)
 
 
+def console_main() -> NoReturn:
+    """The `splitlab` console script and `python -m splitlab`: `main`, then leave with its code
+    at once (`exit_now`), as nodes do. A launcher that loaded torch and transformers (a final
+    evaluation) spent 1-4 s finalising their modules after its last line, and a fault's
+    diagnosis waited on that exit. A job that left a non-daemon thread running exits the
+    normal way, which waits for it. `main` itself raises SystemExit (tests call it in-process).
+    """
+    code = 0
+    try:
+        main()
+    except SystemExit as exc:
+        if isinstance(exc.code, str):  # what Python itself does with a message: say it, exit 1
+            sys.stderr.write(exc.code + "\n")
+            code = 1
+        else:
+            code = exc.code or 0
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate()
+           if t is not threading.main_thread()):  # fmt: skip
+        sys.exit(code)
+    exit_now(code)
+
+
 if __name__ == "__main__":
-    main()
+    console_main()

@@ -34,16 +34,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import time
 from pathlib import Path
-from typing import NoReturn
 
 from splitlab.config.schema import Config
 from splitlab.control.embedded import EmbeddedBusServer
 from splitlab.errors import ConfigError, ExitCode, SplitlabError
-from splitlab.telemetry.log import setup_logging
+from splitlab.telemetry.log import exit_now, setup_logging
 from splitlab.wire.session_key import session_key
 
 log = logging.getLogger("splitlab.node")
@@ -230,21 +228,6 @@ def main(argv: list[str] | None = None) -> int:
         return int(ExitCode.ERROR)
     log.info("%s %d done", args.role, args.rank)
     return code
-
-
-def exit_now(code: int) -> NoReturn:
-    """Leave with `code` once logs and output are flushed, skipping the interpreter's
-    finalisation: tearing down torch's and transformers' module graph is a full GC pass per
-    phase, which a loaded host stretches into seconds between a node's "done" and its exit
-    (every launcher and test waits for that exit). A node has closed its traces, sockets and
-    files by then; its daemon threads would be stopped either way."""
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe: nothing more can be said
-            pass
-    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NoReturn
 
 _FORMAT = "%(asctime)s [%(role)s:%(rank)s] %(levelname)s %(name)s: %(message)s"
 
@@ -55,3 +56,18 @@ def quiet_transformers() -> Iterator[None]:
         hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()
+
+
+def exit_now(code: int) -> NoReturn:
+    """Leave with `code` once logs and output are flushed, skipping the interpreter's
+    finalisation: tearing down torch's and transformers' module graph is a full GC pass per
+    phase, which a loaded host stretches into seconds between a process's last line and its
+    exit (every launcher and test waits for that exit). The caller has closed its traces,
+    sockets and files by then; daemon threads would be stopped either way."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can be said
+            pass
+    os._exit(code)
