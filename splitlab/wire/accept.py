@@ -5,7 +5,8 @@ Before the handshake proves the key a peer is a stranger, so strangers are bound
 `max_handshakes` connections may be in their handshake at once (`done()` frees the slot once
 it is over; the slot is freed anyway when the handler returns). A connection beyond the cap is
 closed at once, so idle connections cannot pin a thread and a socket each; such refusals are
-counted (`shed`) and logged once per burst, not once per connection. When the process is out
+counted (`shed`, and `accept_shed` in the transport's counters) and logged once per burst,
+not once per connection. When the process is out
 of file descriptors (EMFILE/ENFILE, or the kernel out of buffers) `accept` fails at once with
 the connection still pending, so the loop backs off (sleeps growing to `MAX_BACKOFF_S`) and
 says so once per episode instead of spinning.
@@ -20,6 +21,8 @@ import logging
 import socket
 import threading
 from collections.abc import Callable
+
+from splitlab.wire.counters import WireCounters
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +39,15 @@ class Acceptor:
     """Accepts on `listener` until `close()`; see the module docstring."""
 
     def __init__(self, listener: socket.socket, handler: Handler, *, name: str,
-                 max_handshakes: int = MAX_HANDSHAKES) -> None:  # fmt: skip
+                 max_handshakes: int = MAX_HANDSHAKES,
+                 counters: WireCounters | None = None) -> None:  # fmt: skip
         if max_handshakes < 1:
             raise ValueError(f"max_handshakes must be >= 1, got {max_handshakes}")
         self.listener, self.handler, self.name = listener, handler, name
         self.max_handshakes = max_handshakes
         self.shed = 0  # connections closed at once because the handshake cap was reached
         self.exhausted = 0  # accept calls that failed for want of descriptors or buffers
+        self.counters = counters  # the transport's, so a trace shows both as accept_* counters
         self._slots = threading.BoundedSemaphore(max_handshakes)
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -82,6 +87,8 @@ class Acceptor:
                 if self._stop.is_set() or exc.errno not in _EXHAUSTED:
                     return  # closed
                 self.exhausted += 1
+                if self.counters is not None:
+                    self.counters.add("accept_exhausted")
                 if backoff_s == 0.0:
                     log.warning("%s: cannot accept (%s); backing off up to %.1f s until "
                                 "descriptors free up", self.name, exc, MAX_BACKOFF_S)  # fmt: skip
@@ -106,6 +113,8 @@ class Acceptor:
 
     def _shed(self, sock: socket.socket) -> None:
         self.shed += 1
+        if self.counters is not None:
+            self.counters.add("accept_shed")
         if self._burst == 0:
             log.warning("%s: %d handshakes in progress (the cap): closing new connections "
                         "until one ends", self.name, self.max_handshakes)  # fmt: skip

@@ -130,7 +130,8 @@ class TcpTransport(Transport):
             bind_host, port, advertise_host=advertise_host, broker_host=broker_host
         )
         self._acceptor = Acceptor(listener, self._serve_handshake, name=f"wire-{peer_id}",
-                                  max_handshakes=max_handshakes).start()  # fmt: skip
+                                  max_handshakes=max_handshakes,
+                                  counters=self._counters).start()  # fmt: skip
 
     @property
     def address(self) -> tuple[str, int]:

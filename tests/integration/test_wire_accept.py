@@ -86,7 +86,7 @@ def test_data_plane_sheds_connections_beyond_the_handshake_cap() -> None:
         socks = _idle(b.address[1], 20)
         time.sleep(0.5)
         assert _threads("wire-b-conn") == 4
-        assert b._acceptor.shed == 16
+        assert b._acceptor.shed == 16 and b.counters()["accept_shed"] == 16  # in its traces too
         for s in socks:
             s.close()
         time.sleep(0.5)
