@@ -25,7 +25,7 @@ SESSION_KEY_BYTES = 32
 
 
 def new_session_key_hex() -> str:
-    """A fresh per-session data-plane key: 32 random bytes, hex-encoded."""
+    """A fresh session key: 32 random bytes, hex-encoded (the launcher's, per run)."""
     return secrets.token_bytes(SESSION_KEY_BYTES).hex()
 
 
@@ -139,26 +139,14 @@ class Membership:
         sender: str,
         round_id: int,
         plan: Mapping[str, Any],
-        data_key_hex: str,
     ) -> Start:
-        """The START every node receives: session, round, plan, data-plane key and roster."""
+        """The START every node receives: session, round, plan and roster."""
         if not self.complete:
             raise ValueError(f"membership incomplete, missing {self.missing_by_role()}")
-        if len(data_key_hex) != 2 * SESSION_KEY_BYTES or not _is_hex(data_key_hex):
-            raise ValueError(f"data_key_hex must be {2 * SESSION_KEY_BYTES} hex digits")
         return Start(
             session_id=session_id,
             sender=sender,
             round_id=round_id,
             plan=dict(plan),
-            data_key_hex=data_key_hex,
             roster=[n.to_dict() for n in self.roster()],
         )
-
-
-def _is_hex(text: str) -> bool:
-    try:
-        bytes.fromhex(text)
-    except ValueError:
-        return False
-    return True

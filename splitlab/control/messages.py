@@ -19,8 +19,8 @@ header's `kind` is the message kind, its `v` the protocol version, its `meta` th
 message with a byte field (UPDATE's safetensors `weights`) carries it as the payload, never in
 base64. Non-finite floats travel as null and a float field reads null back as NaN. `decode`
 checks the frame, the version, the kind and every known field (each field's check is resolved
-once per class) and its range (`Message.check`: counts >= 0, ports, finite positive weights,
-the data-plane key's form), ignores unknown fields (a newer peer may add some) and raises
+once per class) and its range (`Message.check`: counts >= 0, ports, finite positive
+weights), ignores unknown fields (a newer peer may add some) and raises
 `ProtocolError` naming the field and value.
 
     .venv/bin/pytest tests/unit/test_control_messages.py tests/unit/test_barrier_messages.py -q
@@ -31,7 +31,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import re
 import struct
 import types
 import typing
@@ -46,7 +45,6 @@ from splitlab.wire.errors import FrameError
 from splitlab.wire.header import PROTOCOL_VERSION, FrameHeader, parse_header
 
 MAX_MESSAGE_BYTES = 1 << 30  # one UPDATE of a large model fits; anything bigger is refused
-_HEX_KEY = re.compile(r"([0-9a-fA-F]{64})?")  # START's data-plane key (32 bytes) or "" (env's)
 
 
 class Kind(StrEnum):
@@ -278,12 +276,12 @@ class Register(BusMessage):
 
 @dataclass(frozen=True, kw_only=True)
 class Start(BusMessage):
-    """Coordinator -> every node: the round begins with this plan, roster and data-plane key."""
+    """Coordinator -> every node: the round begins with this plan and roster. No key rides
+    along: each member derives the data plane's from the session key (`data_plane_key`)."""
 
     KIND = Kind.START
     round_id: int
     plan: dict[str, Any]
-    data_key_hex: str  # per-session HMAC key for the data plane, 64 hex digits
     roster: list[dict[str, Any]]
 
     def dedup_key(self) -> tuple[Any, ...]:
@@ -292,8 +290,6 @@ class Start(BusMessage):
     def check(self) -> None:
         super().check()
         self._counts("round_id")
-        self._need("data_key_hex", _HEX_KEY.fullmatch(self.data_key_hex) is not None,
-                   "is neither 64 hex digits nor empty")  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -3,9 +3,8 @@
 Coordinator, per round (round ids are 0-based indexes, logged as 1..N; they start at 0, or one
 past the last checkpoint with `resume`):
 
-    START   -> every node: round id, first window id, windows in the round, and the session's
-               data-plane key (generated here; nodes build their TCP transport from the first
-               START, so hand-started processes on other hosts need no secret in their env)
+    START   -> every node: round id, first window id, windows in the round and the roster
+               (no key: every member derives the data plane's from the session key)
     (owners and workers run the windows among themselves)
     UPDATE  <- every node: its partition ("owner" or "body") as safetensors bytes + samples
     FedAvg owner and body partitions separately by processed samples (`splitlab.train.rounds`)
@@ -35,7 +34,6 @@ from torch import nn
 
 from splitlab.config.enums import KeepCheckpoints
 from splitlab.control.endpoint import ControlEndpoint
-from splitlab.control.membership import new_session_key_hex
 from splitlab.control.messages import Abort, BusMessage, Kind, Start, Stop, Update
 from splitlab.errors import AbortedError, AssetError, ProtocolError, WaitTimeoutError
 from splitlab.telemetry.records import (
@@ -94,19 +92,16 @@ class Coordinator:
         keep_checkpoints: KeepCheckpoints = KeepCheckpoints.last_and_best,
         timeout_s: float = 120.0,
         dense_view: DenseView | None = None,
-        data_key_hex: str | None = None,
         emit: Emit | None = None,
     ) -> None:
         """`dense_view` turns the averaged updates into the checkpoint's dense state under the
         original keys (LoRA adapters need the base: see `splitlab.train.roles`); None = as is.
-        `data_key_hex` is the data plane's HMAC key sent in every START; None = a fresh one.
         `keep_checkpoints` prunes `checkpoint_dir` after every save ("best" = the lowest
         owners' validation loss of the round, sample-weighted).
         `emit` traces the rounds: `round_start`, `fedavg` (each node's weight = its samples, and
         its metrics), `checkpoint`, `round_end`, `abort` (the cause), `stop`.
         """
         self.emit: Emit = emit or (lambda record: None)
-        self.data_key_hex = data_key_hex or new_session_key_hex()
         self.control = control
         self.dense_view = dense_view or dict
         self.owners, self.workers = list(owners), list(workers)
@@ -148,7 +143,7 @@ class Coordinator:
             }
             start_msg = Start(
                 session_id=ctl.session, sender=ctl.node_id, round_id=round_id, plan=plan,
-                data_key_hex=self.data_key_hex, roster=[{"node": n} for n in self.nodes],
+                roster=[{"node": n} for n in self.nodes],
             )  # fmt: skip
             ctl.send_all(self.nodes, start_msg)
             self.emit(RoundStartRecord(round=round_id, resumed=initial is not None, **plan))

@@ -1,7 +1,7 @@
 """What every owner and worker process does around its training, whatever the architecture.
 
-`open_data_plane`: wait for the first START (it carries the data-plane key), build the
-transport, announce this worker's address (REGISTER) or dial the workers that announced theirs.
+`open_data_plane`: wait for the first START, build the transport (its key derived from the
+session key, `data_plane_key`), announce this worker's address (REGISTER) or dial the workers that announced theirs.
 `run_rounds`: per START, load the coordinator's weights when asked, train one round (the
 architecture's `train_round`), trace it, send the UPDATE for FedAvg, load the average back,
 until STOP. Used by `splitlab.train.roles` (U-shape) and `splitlab.train.two_stage_node`.
@@ -27,7 +27,7 @@ from splitlab.train.exchange import Exchange
 from splitlab.train.node_setup import data_transport, transport_bytes
 from splitlab.train.role import TrainRole
 from splitlab.wire.base import Transport
-from splitlab.wire.session_key import session_key
+from splitlab.wire.session_key import data_plane_key
 
 log = logging.getLogger(__name__)
 
@@ -53,20 +53,17 @@ def open_data_plane(
     the worker waits for: so neither starts its first window (and its per-wait `timeout_s`)
     before the other has loaded its model. These waits use `startup_timeout_s`.
 
-    Without a coordinator the key is `$SPLITLAB_SESSION_KEY` and the START is None; a STOP
-    before any round (a resumed run that is already complete) returns (None, None, {}).
+    The data plane's key is derived from `$SPLITLAB_SESSION_KEY` and the session id on every
+    member (`data_plane_key`). Without a coordinator the START is None; a STOP before any round (a resumed run that is already complete) returns (None, None, {}).
     """
     first = None
     wait_s = spec.startup_timeout_s
-    if spec.coordinator is None:
-        key_hex = session_key().hex()
-    else:  # the data-plane key comes with the first START over the control plane
+    if spec.coordinator is not None:
         first = wait_start(control, spec.coordinator, wait_s)
         if first is None:
             return None, None, {}
-        key_hex = first.data_key_hex or session_key().hex()
         control.advance(int(first.plan["first_window"]))  # a resumed run starts further on
-    transport = data_transport(spec, key_hex)
+    transport = data_transport(spec, data_plane_key(spec.session).hex())
     host, port = transport.address
     log.info("%s: data plane at %s:%d", spec.name, host, port)
     hello = Register(

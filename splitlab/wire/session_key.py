@@ -1,8 +1,8 @@
 """The run's one secret: `$SPLITLAB_SESSION_KEY`, hex, the same on every host of a run.
 
 Every study reads it from here and nowhere else: the ring's data and control links, the
-embedded control bus, and fine-tuning members that run without a coordinator (with one, the
-coordinator hands out a fresh data-plane key in START over the authenticated bus). A launcher
+embedded control bus, and fine-tuning's data plane, whose key is derived from it and the
+session id (`data_plane_key`) on every member, so no key ever travels over the bus. A launcher
 generates one per run (`splitlab.control.membership.new_session_key_hex`) and passes it in
 the children's environment, so no secret is ever on a command line; by hand, export the same
 value on every host:
@@ -14,6 +14,8 @@ value on every host:
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 
 from splitlab.errors import ConfigError
@@ -40,3 +42,12 @@ def session_key() -> bytes:
             "'import secrets; print(secrets.token_hex(32))')`)"
         )
     return key
+
+
+def data_plane_key(session: str, key: bytes | None = None) -> bytes:
+    """Fine-tuning's data-plane HMAC key: HMAC-SHA256 of the session key (`key`, else
+    `session_key()`) over the session id. Every member derives the same key by itself, so it
+    never crosses the control bus (which authenticates its frames but does not encrypt them,
+    and a broker reads every message), and one run's data plane refuses another run's peers."""
+    return hmac.new(key if key is not None else session_key(),
+                    b"splitlab data plane " + session.encode(), hashlib.sha256).digest()  # fmt: skip

@@ -22,8 +22,6 @@ from splitlab.control.messages import Abort, Kind, Plan, Start
 from splitlab.errors import ProtocolError
 from splitlab.wire.auth import client_handshake
 
-KEY_HEX = "ab" * 32
-
 
 @pytest.fixture
 def buses() -> Iterator[BusFactory]:
@@ -111,10 +109,9 @@ def test_a_second_connection_as_a_connected_node_is_refused(buses: BusFactory) -
     with pytest.raises(ProtocolError, match="'o0' of session .* is already connected"):
         buses.open("o0")
     buses.open("coordinator").publish("o0", Start(
-        session_id=buses.session, sender="coordinator", round_id=0, plan={},
-        data_key_hex=KEY_HEX, roster=[],
+        session_id=buses.session, sender="coordinator", round_id=0, plan={}, roster=[],
     ))  # fmt: skip
-    got = owner.consume(5.0)  # the START (and its key) reached o0 only
+    got = owner.consume(5.0)  # the START reached o0 only
     assert got is not None and isinstance(got.message, Start)
     owner.close()
     again = buses.open("o0")  # once it has left, the node may connect again (a restart)
@@ -141,7 +138,7 @@ def test_sender_is_bound_to_the_connection(buses: BusFactory) -> None:
     node = ControlEndpoint(buses.open("o0"))
     intruder = buses.open("w1")
     spoofed = Start(session_id=buses.session, sender="coordinator", round_id=0, plan={},
-                    data_key_hex=KEY_HEX, roster=[])  # fmt: skip
+                    roster=[])  # fmt: skip
     with pytest.raises(ProtocolError, match="from 'coordinator' .* node 'w1'"):
         intruder.publish("o0", spoofed)
     with pytest.raises(ProtocolError, match="from 'o1' .* node 'w1'"):

@@ -13,7 +13,7 @@ import pytest
 from control_helpers import BUS_KINDS, BusFactory, node_command, open_buses
 
 from splitlab.control.endpoint import ControlEndpoint
-from splitlab.control.membership import Membership, NodeInfo, Outcome, new_session_key_hex
+from splitlab.control.membership import Membership, NodeInfo, Outcome
 from splitlab.control.messages import Kind, Register
 
 
@@ -68,7 +68,6 @@ def test_node_restarted_mid_membership_is_accepted_and_gets_start(
         sender="coord",
         round_id=0,
         plan={},
-        data_key_hex=new_session_key_hex(),
     )
     coord.send_all(members.node_ids(), start)
     # Assert: accepted as a restart, and both live nodes start with its new endpoint.

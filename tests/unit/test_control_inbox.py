@@ -128,7 +128,7 @@ def test_window_cannot_go_back() -> None:
 
 def test_round_scoped_duplicates_are_suppressed_across_windows() -> None:
     inbox = Inbox("s")
-    start = Start(session_id="s", sender="c", round_id=0, plan={}, data_key_hex="", roster=[])
+    start = Start(session_id="s", sender="c", round_id=0, plan={}, roster=[])
     inbox.offer(start)
     inbox.advance(3)
     assert inbox.offer(start) is Verdict.DUPLICATE

@@ -90,20 +90,16 @@ def test_non_positive_weight_is_rejected() -> None:
         Membership({"owner": 1}).register(bad)
 
 
-def test_start_carries_session_plan_key_and_sorted_roster() -> None:
-    key = new_session_key_hex()
-    start = _full().build_start(
-        session_id="s", sender="coord", round_id=0, plan={"w": 1}, data_key_hex=key
-    )
-    assert (start.session_id, start.plan, start.data_key_hex) == ("s", {"w": 1}, key)
+def test_start_carries_session_plan_and_sorted_roster_but_no_key() -> None:
+    start = _full().build_start(session_id="s", sender="coord", round_id=0, plan={"w": 1})
+    assert (start.session_id, start.plan) == ("s", {"w": 1})
+    assert not any("key" in name for name in vars(start))  # each member derives it
     assert [NodeInfo.from_dict(n).node_id for n in start.roster] == ["o0", "o1", "w0"]
 
 
 def test_start_needs_complete_membership() -> None:
     with pytest.raises(ValueError, match="missing"):
-        Membership({"owner": 1}).build_start(
-            session_id="s", sender="c", round_id=0, plan={}, data_key_hex=new_session_key_hex()
-        )
+        Membership({"owner": 1}).build_start(session_id="s", sender="c", round_id=0, plan={})
 
 
 def test_session_keys_are_32_random_bytes() -> None:

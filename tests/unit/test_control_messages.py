@@ -60,7 +60,6 @@ def _sample(kind: Kind) -> Message:
         Kind.START: {
             "round_id": 0,
             "plan": {"a": [1, 2]},
-            "data_key_hex": "ab" * 32,
             "roster": [{"node_id": "n0"}],
         },
         Kind.PLAN: {"counts_by_worker": {"w0": 3, "w1": 1}},
@@ -195,8 +194,8 @@ def test_dedup_key_of_window_messages_has_session_window_kind_sender_microbatch(
 
 def test_register_and_start_keys_distinguish_incarnation_and_round() -> None:
     r0, r1 = (Register(session_id="s", sender="n", role="owner", incarnation=i) for i in (0, 1))
-    s0 = Start(session_id="s", sender="c", round_id=0, plan={}, data_key_hex="", roster=[])
-    s1 = Start(session_id="s", sender="c", round_id=1, plan={}, data_key_hex="", roster=[])
+    s0 = Start(session_id="s", sender="c", round_id=0, plan={}, roster=[])
+    s1 = Start(session_id="s", sender="c", round_id=1, plan={}, roster=[])
     assert r0.dedup_key() != r1.dedup_key() and s0.dedup_key() != s1.dedup_key()
 
 
@@ -230,7 +229,6 @@ def test_abort_kind_property() -> None:
         (Kind.UPDATE, {"num_samples": -5}, "'num_samples' = -5"),
         (Kind.UPDATE, {"round_id": -1}, "'round_id' = -1"),
         (Kind.START, {"round_id": -2}, "'round_id' = -2"),
-        (Kind.START, {"data_key_hex": "zz" * 32}, "'data_key_hex'"),
         (Kind.PLAN, {"counts_by_worker": {"w0": -1}}, "'counts_by_worker'"),
         (Kind.OPEN, {"credit": -3}, "'credit' = -3"),
         (Kind.DRAINED, {"num_microbatches": -1}, "'num_microbatches' = -1"),
@@ -250,7 +248,6 @@ def test_out_of_range_fields_are_refused_at_decode_by_name(
 def test_edge_values_in_range_are_accepted() -> None:
     cases = [(Kind.REGISTER, {"port": 0}), (Kind.REGISTER, {"port": 65535}),
              (Kind.REGISTER, {"compute_weight": 1e-9}), (Kind.UPDATE, {"num_samples": 0}),
-             (Kind.START, {"data_key_hex": ""}),  # the node then uses its environment's key
              (Kind.COMMIT, {"tokens_per_s": None})]  # fmt: skip
     for kind, change in cases:
         msg = dataclasses.replace(_sample(kind), **change)

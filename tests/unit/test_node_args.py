@@ -113,3 +113,12 @@ def test_a_missing_config_exits_with_the_config_code_naming_it(tmp_path: Path) -
     )  # fmt: skip
     assert done.returncode == ExitCode.CONFIG, done.stderr
     assert f"--config={missing}" in done.stderr + done.stdout
+
+
+def test_the_data_plane_key_is_derived_per_session_and_never_the_session_key() -> None:
+    from splitlab.wire.session_key import data_plane_key
+
+    key = bytes(range(32))
+    a, b = data_plane_key("ft-1", key), data_plane_key("ft-2", key)
+    assert a == data_plane_key("ft-1", key) and len(a) == 32  # every member derives the same
+    assert a != b and key not in (a, b)  # one run's data plane refuses another run's peers
