@@ -306,6 +306,7 @@ class AdaptivePlannerConfig(PlannerConfig):
     name: str = "adaptive"
     hysteresis: float = 0.15  # minimum relative gain before moving, in [0, 1)
     cost_model: str | None = None  # calibration JSON; None = observed times only
+    calibration_key: str | None = None  # its record (model/device/dtype); None = its only one
 
 
 @dataclass
@@ -313,6 +314,7 @@ class ModelPlannerConfig(PlannerConfig):
     name: str = "model"
     hysteresis: float = 0.05  # minimum relative gain in predicted TPOT before moving, in [0, 1)
     calibration: str | None = None  # calibrate.py JSON (decode, link, L_n); None = defaults
+    calibration_key: str | None = None  # its record (model/device/dtype); None = its only one
     horizon_tokens: int = 64  # tokens a move's gain is counted over against its migration cost
     mem_high: float = 0.9  # q_mem_obs at or above which a stage receives no more blocks
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from splitlab.analysis.fits import load_cost
+from splitlab.analysis.fits import load_cost, select_record
 from splitlab.config.schema import (
     AdaptivePlannerConfig,
     ForcedShiftPlannerConfig,
@@ -164,14 +164,16 @@ class CostModel:
         return self.c0_ms + self.c1_ms_per_token * context
 
     @classmethod
-    def from_calibration(cls, path: str | Path, *, key: str = "planner.cost_model") -> CostModel:
-        """Read the decode fit {c0, c1} of a calibration JSON (`calibration_record`).
+    def from_calibration(cls, path: str | Path, *, key: str = "planner.cost_model",
+                         record_key: str | None = None) -> CostModel:  # fmt: skip
+        """Read the decode fit {c0, c1} of a calibration JSON's record `record_key`
+        (`calibration_record`).
 
         Raises:
             ConfigError: naming `key` when the file or the fit is unusable.
         """
         try:
-            record = calibration_record(path)
+            record = calibration_record(path, record_key)
             params = (record.get("fits") or {}).get("decode") or record.get("decode") or {}
             params = params.get("params", params)
             model = cls(float(params["c0"]), float(params.get("c1", 0.0)))
@@ -182,20 +184,19 @@ class CostModel:
         return model
 
 
-def calibration_record(path: str | Path) -> dict[str, Any]:
+def calibration_record(path: str | Path, key: str | None = None) -> dict[str, Any]:
     """One record of a calibration JSON: calibrate.py's `{"records": {key: record}}` holds one
-    per model/device/dtype (the first is taken), a bare record is itself.
+    per model/device/dtype, chosen by `key` (`planner.calibration_key`; None = the file's only
+    record: a file of several is refused, never read by position); a bare record is itself.
 
     Raises:
-        OSError, ValueError: the file cannot be read or parsed (callers name their key).
+        OSError, ValueError: the file cannot be read or parsed, or the record is not clear
+            (callers name their config key).
     """
     data = json.loads(Path(path).read_text(encoding="utf-8"))
-    records = data.get("records") if isinstance(data, dict) else None
-    if isinstance(records, dict) and records:
-        return next(iter(records.values()))
     if not isinstance(data, dict):
         raise ValueError(f"a calibration is a JSON object, got {type(data).__name__}")
-    return data
+    return dict(select_record(data, key))
 
 
 def stage_model(stats: StageStats, *, cost: CostModel | None, context: int) -> tuple[float, float]:
@@ -317,8 +318,8 @@ class Calibration:
         return self.decode.block_ms(context + horizon_tokens // 2) / self.decode.block_ms(context)
 
     @classmethod
-    def read(cls, path: str | Path | None) -> Calibration:
-        """The calibration at `path` (None: every part a default).
+    def read(cls, path: str | Path | None, record_key: str | None = None) -> Calibration:
+        """The calibration at `path`, its record `record_key` (None: every part a default).
 
         Raises:
             ConfigError: naming planner.calibration when the file or one of its fits is unusable.
@@ -327,10 +328,11 @@ class Calibration:
             return cls()
         key = "planner.calibration"
         try:
-            record = calibration_record(path)
+            record = calibration_record(path, record_key)
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"{key}={path}: cannot read it ({exc})") from None
-        decode = CostModel.from_calibration(path, key=key)
+            raise ConfigError(f"{key}={path}: cannot read it ({exc}; planner.calibration_key "
+                              "names the record)") from None  # fmt: skip
+        decode = CostModel.from_calibration(path, key=key, record_key=record_key)
         defaults = []
         try:  # calibrate.py's fitted L_n (its "load" record)
             fitted = load_cost(record)
@@ -487,7 +489,8 @@ def register_planner(name: str, schema: type[PlannerConfig], build: PlannerFacto
 def _adaptive(cfg: AdaptivePlannerConfig) -> Adaptive:
     if not 0 <= cfg.hysteresis < 1:
         raise ConfigError(f"planner.hysteresis={cfg.hysteresis}: must be in [0, 1)")
-    cost = CostModel.from_calibration(cfg.cost_model) if cfg.cost_model else None
+    cost = (CostModel.from_calibration(cfg.cost_model, record_key=cfg.calibration_key)
+            if cfg.cost_model else None)  # fmt: skip
     return Adaptive(hysteresis=cfg.hysteresis, cost=cost)
 
 
@@ -504,7 +507,8 @@ def _model(cfg: ModelPlannerConfig) -> ModelPlanner:
         raise ConfigError(f"planner.horizon_tokens={cfg.horizon_tokens}: must be >= 1")
     if not 0 < cfg.mem_high <= 1:
         raise ConfigError(f"planner.mem_high={cfg.mem_high}: must be in (0, 1]")
-    return ModelPlanner(calibration=Calibration.read(cfg.calibration), hysteresis=cfg.hysteresis,
+    return ModelPlanner(calibration=Calibration.read(cfg.calibration, cfg.calibration_key),
+                        hysteresis=cfg.hysteresis,
                         horizon_tokens=cfg.horizon_tokens, mem_high=cfg.mem_high)  # fmt: skip
 
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from splitlab.config.schema import ModelPlannerConfig
+from splitlab.config.schema import AdaptivePlannerConfig, ModelPlannerConfig
 from splitlab.errors import ConfigError
 from splitlab.infer.planners import (
     Adaptive,
@@ -120,6 +120,31 @@ def test_calibration_reads_calibrate_output_and_says_what_is_default(tmp_path) -
     cal = Calibration.read(path)
     assert cal.load_ms(2) == pytest.approx(25.0) and cal.defaults == ("link",)
     assert Calibration.read(None).defaults == ("decode", "load", "link")
+
+
+def test_a_calibration_of_several_records_needs_its_key(tmp_path) -> None:
+    def record(c0: float) -> dict:
+        return {"decode": {"params": {"c0": c0, "c1": 0.0}}, "link": {"alpha_ms": 0.3}}
+
+    path = tmp_path / "cal.json"
+    path.write_text(
+        json.dumps(
+            {"version": 1, "records": {"a|cpu|float32": record(0.8), "b|cpu|float32": record(2.0)}}
+        )
+    )
+    with pytest.raises(
+        ConfigError, match=r"planner.calibration=.*'a\|cpu\|float32'.*calibration_key"
+    ):
+        make_planner(ModelPlannerConfig(calibration=str(path)))  # never the first by position
+    planner = make_planner(ModelPlannerConfig(calibration=str(path),
+                                              calibration_key="b|cpu|float32"))  # fmt: skip
+    assert planner.calibration.decode == CostModel(2.0, 0.0)
+    with pytest.raises(ConfigError, match="'c' not in"):
+        make_planner(ModelPlannerConfig(calibration=str(path), calibration_key="c"))
+    adaptive = make_planner(
+        AdaptivePlannerConfig(cost_model=str(path), calibration_key="a|cpu|float32")
+    )
+    assert adaptive.cost == CostModel(0.8, 0.0)
 
 
 def test_make_planner_model_names_bad_values(tmp_path) -> None:
