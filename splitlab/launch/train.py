@@ -80,6 +80,8 @@ def node_children(
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     children = []
     names = role_names(cfg)
+    threads = role_threads(owners=len(names["owner"]), workers=len(names["worker"]),
+                           cores=os.cpu_count() or 1)  # fmt: skip
     for role in (COORDINATOR, "worker", "owner"):  # workers listen before owners dial
         for rank, name in enumerate(names[role]):
             argv = [
@@ -92,9 +94,8 @@ def node_children(
             if testbed is not None:
                 broker = cfg.control.url if cfg.control.name == "rabbitmq" else None
                 argv = node_argv(testbed, role, rank, argv, broker=broker)
-            children.append(
-                ChildSpec(name=name, argv=argv, env=env, log_path=run_dir / "logs" / f"{name}.log")
-            )
+            children.append(ChildSpec(name=name, argv=argv, env={**env, **thread_env(threads[role])},
+                                      log_path=run_dir / "logs" / f"{name}.log"))  # fmt: skip
     return children
 
 
@@ -123,17 +124,28 @@ def remove_broker_queues(cfg: Config, session: str, nodes: list[str]) -> None:
             log.debug("deleted the %d queues of session %s", deleted, session)
 
 
-def thread_env(num_nodes: int) -> dict[str, str]:
-    """OpenMP settings for `num_nodes` training processes sharing this host's cores.
+def role_threads(*, owners: int, workers: int, cores: int) -> dict[str, int]:
+    """Intra-op threads per role for training processes sharing `cores`.
 
-    Each node gets cpu_count // num_nodes intra-op threads (at least 1) and idle threads sleep
+    A worker runs the body (most of the model) for every owner, so it is the critical path
+    while the owners mostly wait for it: workers share all cores among themselves; owners and
+    the coordinator (it only averages) get cores // (owners + workers). Idle threads sleep
+    (`thread_env`), so a worker's threads cost nothing while it waits. On 2 cores, the main
+    job (2 owners x 1 worker): 120.2 s with 1 thread each, 102.7 s with the worker on 2,
+    105.0 s with every node on 2 (quiet, load 1.6-2.3, test accuracy 0.796-0.803).
+    """
+    share = max(1, cores // max(1, owners + workers))
+    return {COORDINATOR: share, "owner": share, "worker": max(1, cores // max(1, workers))}
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    """OpenMP settings of one training process: `threads` intra-op threads, idle ones sleep
     (`stage_env`). With the defaults every node spins a thread per core: on 2 cores the 1x1
-    bench burned 7-9x the CPU per sample under load (tools/bench_ushape.py `cpu_ms_per_sample`).
-    A user's own OMP_NUM_THREADS / OMP_WAIT_POLICY win.
+    bench burned 7-9x the CPU per sample under load (tools/bench_ushape.py
+    `cpu_ms_per_sample`). A user's own OMP_NUM_THREADS / OMP_WAIT_POLICY win.
     """
     from splitlab.launch.ring import stage_env
 
-    threads = max(1, (os.cpu_count() or 1) // max(1, num_nodes))
     return {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(threads)), **stage_env()}
 
 
@@ -156,7 +168,6 @@ def run_finetune(cfg: Config, *, preflighted: bool = False) -> int:
     env: dict[str, str] = {
         SESSION_KEY_ENV: key_hex, "PYTHONUNBUFFERED": "1", "TRANSFORMERS_VERBOSITY": "error",
         "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1",
-        **thread_env(arch.owners + arch.workers),  # the coordinator only averages
     }  # fmt: skip
     with testbed_for(cfg.testbed) as tb:
         if tb is not None:  # the coordinator hosts the bus inside its host
