@@ -21,8 +21,10 @@ import logging
 import socket
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from splitlab.wire.counters import WireCounters
+if TYPE_CHECKING:  # counters import the buffer pools, hence torch: the bus must not pay for it
+    from splitlab.wire.counters import WireCounters
 
 log = logging.getLogger(__name__)
 
