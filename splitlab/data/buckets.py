@@ -11,6 +11,7 @@ batches arrive in, stay random (seeded).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -56,3 +57,8 @@ def bucket_batches(
 def padded_tokens(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> int:
     """Total B x T cells the batches occupy once each is padded to its longest row."""
     return sum(len(b) * max(lengths[i] for i in b) for b in batches if b)
+
+
+def microbatches_per_round(*, samples_per_owner: int, batch_size: int, steps_per_round: int) -> int:
+    """Microbatches each owner runs per round (`steps_per_round` 0 = one pass over its shard)."""
+    return steps_per_round if steps_per_round > 0 else math.ceil(samples_per_owner / batch_size)

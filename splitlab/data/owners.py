@@ -3,7 +3,7 @@
 `build_owner_datasets` is what schedulers call: it loads the configured source, holds out
 `val_samples` examples (fixed by `data.seed` alone, so validation never moves between rounds),
 splits the rest across owners (IID or Dirichlet over the labels, re-drawn each round when
-`refresh_each_round`; `owner_counts` examples each: one count, one per owner, or a seeded
+`refresh_each_round`; `owner_counts` (splitlab.data.split) examples each: one count, one per owner, or a seeded
 Dirichlet quantity skew, fixed for the run), and tokenises each shard. A `Shard` then yields
 padded microbatches, length-bucketed when `bucket_by_length`.
 
@@ -23,7 +23,7 @@ from splitlab.config.enums import DataDistribution, DataSource, TaskKind
 from splitlab.config.schema import DataConfig
 from splitlab.data.buckets import bucket_batches
 from splitlab.data.sources import Examples, load_examples
-from splitlab.data.split import dirichlet_split, holdout_sets, iid_split, owner_sizes, round_seed
+from splitlab.data.split import dirichlet_split, holdout_sets, iid_split, owner_counts, round_seed
 from splitlab.data.tokenize import Encoded, collate, encode, ensure_pad_token
 from splitlab.errors import ConfigError
 
@@ -110,24 +110,6 @@ def build_test_shard(cfg: DataConfig, tokenizer: Any, *, num_owners: int) -> Sha
         examples, test_ids, tokenizer, task=TaskKind(cfg.task), max_length=cfg.max_length
     )
     return Shard("test", test_ids, encoded, pad_id, TaskKind(cfg.task), list(examples.label_names))
-
-
-def owner_counts(cfg: DataConfig, num_owners: int) -> list[int]:
-    """Training examples each owner holds: `data.samples_per_owner` (one count or one per
-    owner), shared out by a Dirichlet(`data.quantity_skew_alpha`) draw from `data.seed` when set.
-
-    Raises:
-        ConfigError: naming data.samples_per_owner / data.quantity_skew_alpha.
-    """
-    try:
-        return owner_sizes(
-            cfg.samples_per_owner, num_owners, skew_alpha=cfg.quantity_skew_alpha, seed=cfg.seed
-        )
-    except ValueError as exc:
-        raise ConfigError(
-            f"data.samples_per_owner={cfg.samples_per_owner!r}, data.quantity_skew_alpha="
-            f"{cfg.quantity_skew_alpha} for {num_owners} owners: {exc}"
-        ) from None
 
 
 def _load(cfg: DataConfig, num_owners: int) -> Examples:

@@ -13,8 +13,14 @@ mix is q and it concentrates on q as alpha grows (small alpha = few classes per 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from splitlab.errors import ConfigError
+
+if TYPE_CHECKING:
+    from splitlab.config.schema import DataConfig
 
 QUANTITY_STREAM = 0x51CE  # keeps the quantity skew's draws apart from the label split's
 
@@ -197,3 +203,21 @@ def _check_sizes(
             f"{num_examples} examples available"
         )
     return sizes
+
+
+def owner_counts(cfg: DataConfig, num_owners: int) -> list[int]:
+    """Training examples each owner holds: `data.samples_per_owner` (one count or one per
+    owner), shared out by a Dirichlet(`data.quantity_skew_alpha`) draw from `data.seed` when set.
+
+    Raises:
+        ConfigError: naming data.samples_per_owner / data.quantity_skew_alpha.
+    """
+    try:
+        return owner_sizes(
+            cfg.samples_per_owner, num_owners, skew_alpha=cfg.quantity_skew_alpha, seed=cfg.seed
+        )
+    except ValueError as exc:
+        raise ConfigError(
+            f"data.samples_per_owner={cfg.samples_per_owner!r}, data.quantity_skew_alpha="
+            f"{cfg.quantity_skew_alpha} for {num_owners} owners: {exc}"
+        ) from None

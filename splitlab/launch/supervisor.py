@@ -158,6 +158,7 @@ class _Child:
             start_new_session=True,  # its own process group: teardown reaches grandchildren
         )
         self.lines: collections.deque[str] = collections.deque(maxlen=tail_lines)
+        self.spoke = threading.Event()  # its first line arrived: it is up (imports done)
         self.killed = False
         self._sink = sink
         self._log_file = open(spec.log_path, "a", encoding="utf-8") if spec.log_path else None  # noqa: SIM115
@@ -167,6 +168,7 @@ class _Child:
     def _pump(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
+            self.spoke.set()
             line = line.rstrip("\n")
             self.lines.append(line)
             if self._log_file is not None:
@@ -196,6 +198,7 @@ def run_group(
     tail_lines: int = 40,
     poll_s: float = 0.05,
     cause_grace_s: float = 5.0,
+    when_up: Callable[[], object] | None = None,
 ) -> GroupResult:
     """Start every child, wait for all to exit 0 or for the root cause, tear down the rest.
 
@@ -207,6 +210,9 @@ def run_group(
         sink: where prefixed child output goes (None: only kept in memory / log files).
         cause_grace_s: after a failure that is not a cause (`cause_rank` > 0), how long the
             others keep running so that a root cause still exiting is seen.
+        when_up: called once, from this thread, when every child has printed its first line
+            (a node logs nothing before its imports are done): work for the caller's process
+            that should not compete with the children's start.
     """
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
@@ -224,6 +230,9 @@ def run_group(
         for spec in specs:
             children.append(_Child(spec, sink, tail_lines))
         while True:
+            if when_up is not None and all(c.spoke.is_set() for c in children):
+                when_up()
+                when_up = None
             seen = {name for name, _ in exits}
             exits += [
                 (c.spec.name, shell_code(c.proc.returncode))

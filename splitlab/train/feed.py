@@ -10,19 +10,14 @@ crosses a process boundary. With `data.refresh_each_round` the split is drawn ag
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 
 from splitlab.config.schema import DataConfig
+from splitlab.data.buckets import microbatches_per_round
 from splitlab.data.owners import Shard, build_owner_datasets
 from splitlab.train.nodes import Batch
-
-
-def microbatches_per_round(*, samples_per_owner: int, batch_size: int, steps_per_round: int) -> int:
-    """Microbatches each owner runs per round (`steps_per_round` 0 = one pass over its shard)."""
-    return steps_per_round if steps_per_round > 0 else math.ceil(samples_per_owner / batch_size)
 
 
 class OwnerFeed:

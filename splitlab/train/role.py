@@ -29,9 +29,9 @@ from splitlab.config.schema import (
     TwoStageConfig,
     UShapeConfig,
 )
-from splitlab.data.owners import owner_counts
+from splitlab.data.buckets import microbatches_per_round
+from splitlab.data.split import owner_counts
 from splitlab.errors import ConfigError
-from splitlab.train.feed import microbatches_per_round
 
 COORDINATOR = "coordinator"
 TRAIN_ROLES = (COORDINATOR, "owner", "worker")

@@ -13,7 +13,8 @@ from data_helpers import file_data_config, sentiment_frame, word_tokenizer, writ
 
 from splitlab.config.enums import DataDistribution, DataSource, TaskKind
 from splitlab.config.schema import DataConfig
-from splitlab.data.owners import build_owner_datasets, build_test_shard, owner_counts
+from splitlab.data.owners import build_owner_datasets, build_test_shard
+from splitlab.data.split import owner_counts
 from splitlab.errors import ConfigError
 from splitlab.train.feed import OwnerFeed
 

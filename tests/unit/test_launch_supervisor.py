@@ -240,3 +240,30 @@ def test_diagnosis_names_the_nodes_still_running_after_a_timeout_as_hung() -> No
 
     assert timed_out.endswith("still running after the others failed (hung?), torn down: owner0")
     assert crashed.endswith("\n  torn down: owner0")
+
+
+def test_when_up_runs_once_after_every_child_has_printed_its_first_line() -> None:
+    calls: list[float] = []
+    start = time.monotonic()
+    result = run_group(
+        [
+            _child("quick", "print('up', flush=True)"),
+            _child(
+                "slow", "import time; time.sleep(1.0); print('up', flush=True); time.sleep(0.5)"
+            ),
+        ],
+        sink=None,
+        when_up=lambda: calls.append(time.monotonic() - start),
+    )
+    assert result.exit_code == 0
+    assert len(calls) == 1 and calls[0] >= 1.0  # not before the slow child spoke
+
+
+def test_when_up_is_not_called_when_a_child_never_speaks() -> None:
+    calls: list[int] = []
+    result = run_group(
+        [_child("quiet", "import sys; sys.exit(2)"), _child("talker", "print('up')")],
+        sink=None,
+        when_up=lambda: calls.append(1),
+    )
+    assert result.exit_code == 2 and calls == []
