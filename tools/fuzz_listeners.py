@@ -56,6 +56,7 @@ from splitlab.wire.blobs import read_blob_frame  # noqa: E402
 from splitlab.wire.errors import AuthError  # noqa: E402
 from splitlab.wire.frame import Lane  # noqa: E402
 from splitlab.wire.header import MAX_HEADER_BYTES, PREFIX  # noqa: E402
+from splitlab.wire.session_key import node_key  # noqa: E402
 from splitlab.wire.tcp import TcpTransport  # noqa: E402
 
 LISTENERS = ("data", "bus", "ctrl")
@@ -273,6 +274,8 @@ def send_input(address: tuple[str, int], listener: str, inp: Input, client_id: s
         try:
             if inp.handshake is not None:
                 key = KEY if inp.handshake == "right" else WRONG_KEY
+                if listener == "bus":  # the bus checks the credential of the node named
+                    key = node_key(client_id, key)
                 client_handshake(sock, key=key, session=REALM[listener], client_id=client_id,
                                  server_id=SERVER_ID[listener], lane=inp.lane,
                                  timeout_s=CLOSE_WAIT_S)  # fmt: skip

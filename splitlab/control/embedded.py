@@ -25,7 +25,9 @@ A connection is one node: its `hello` must name the node id it authenticated as,
 connection holds a node's queue at a time (a second is refused while the first is alive; a
 restart after a crash takes over at once), it consumes only that queue, and every message it
 publishes must carry that node as `sender` and its session as `session_id`. The handshake
-proves only the session key, so a key holder can still claim a node that is not connected;
+proves that node's own key, `node_key(node id)` derived from the session key the bus holds:
+a launcher hands each node only its own (`wire.session_key`), so no node can claim another's
+queue or send in its name, and a START from "coordinator" is the coordinator's.
 `ControlEndpoint(peers=...)` drops messages from senders outside the run. A publish reaches
 only queues of the publisher's session, and creates at most `MAX_QUEUES` queues in all; a
 node's queue that is empty when its connection ends is forgotten (declared again on its next
@@ -67,7 +69,7 @@ from splitlab.wire.blobs import Blob, encode_blob_frame, read_blob_frame
 from splitlab.wire.delay import DelayLine
 from splitlab.wire.errors import AuthError, FrameError, TruncatedFrameError
 from splitlab.wire.header import MAX_HEADER_BYTES, header_length, parse_header
-from splitlab.wire.session_key import SESSION_KEY_ENV
+from splitlab.wire.session_key import SESSION_KEY_ENV, node_key
 from splitlab.wire.tickets import SENT, SendTicket
 
 log = logging.getLogger(__name__)
@@ -277,6 +279,10 @@ class EmbeddedBusServer:
     def address(self) -> EmbeddedAddress:
         return EmbeddedAddress(self.host, self._port, self.authkey)
 
+    def _node_key(self, node_id: str) -> bytes:
+        """The credential a connection claiming `node_id` must prove (`node_key`)."""
+        return node_key(node_id, self.authkey)
+
     def clients(self) -> int:
         """Clients connected now (a host that outlives its run waits for them to leave)."""
         with self._conns_lock:
@@ -314,7 +320,7 @@ class EmbeddedBusServer:
             self._conns.add(conn)
         client = _ClientState(conn)
         try:
-            hello = server_handshake(conn.sock, key=self.authkey, session=_REALM,
+            hello = server_handshake(conn.sock, key=self._node_key, session=_REALM,
                                      server_id=_SERVER_ID, guard=self._guard,
                                      timeout_s=self.handshake_timeout_s)  # fmt: skip
             done()
@@ -532,27 +538,37 @@ class EmbeddedBus(ControlBus):
         *,
         host: str,
         port: int,
-        authkey: bytes,
         session: str,
         node_id: str,
+        authkey: bytes | None = None,
+        credential: bytes | None = None,
         prefetch: int = 16,
         timeout_s: float = 30.0,
         delay: DelayLine | None = None,
     ) -> EmbeddedBus:
-        """Connect and authenticate within `timeout_s` (a host not listening yet is retried until
-        then); `PeerLostError` if the host is not there."""
+        """Connect and authenticate as `node_id` within `timeout_s` (a host not listening yet is
+        retried until then); `PeerLostError` if the host is not there or refuses the key.
+
+        The connection proves `credential`, the node's own key (`wire.session_key.node_key`:
+        what a launcher hands each node), or the one derived from `authkey`, the bus's session
+        key, for a caller that holds it.
+        """
         check_name("session", session)
         check_name("node_id", node_id)
+        if credential is None:
+            if authkey is None:
+                raise ValueError("EmbeddedBus.connect needs authkey or credential")
+            credential = node_key(node_id, authkey)
         peer = f"host {host}:{port}"
         sock = _dial(host, port, timeout_s, peer)
         conn = _Conn(sock, peer)
         try:
-            client_handshake(sock, key=authkey, session=_REALM, client_id=node_id,
+            client_handshake(sock, key=credential, session=_REALM, client_id=node_id,
                              server_id=_SERVER_ID, lane=_LANE, timeout_s=timeout_s)  # fmt: skip
         except AuthError as exc:
             conn.close()
             raise PeerLostError(
-                f"embedded control bus {peer} rejected the auth key (or is not ours): {exc}"
+                f"embedded control bus {peer} rejected the key of {node_id!r} (or is not ours): {exc}"
             ) from None
         except (TruncatedFrameError, OSError) as exc:
             conn.close()

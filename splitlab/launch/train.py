@@ -54,7 +54,13 @@ from splitlab.testbed.placement import (
 )
 from splitlab.testbed.session import Testbed
 from splitlab.train.role import COORDINATOR, check_finetune, checkpoint_dir, role_names
-from splitlab.wire.session_key import SESSION_KEY_ENV
+from splitlab.wire.session_key import (
+    DATA_KEY_ENV,
+    NODE_KEY_ENV,
+    SESSION_KEY_ENV,
+    data_plane_key,
+    node_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +76,8 @@ def node_children(
     testbed: Testbed | None = None,
 ) -> list[ChildSpec]:
     """One child per role (the coordinator, then the workers, then the owners), each started
-    with the one node command; its log in RUN/logs/. On a `testbed` each runs inside its host
+    with the one node command and only its own secrets (`node_secrets`); its log in
+    RUN/logs/. On a `testbed` each runs inside its host
     (`splitlab.testbed.placement`), listening on the host's address; the coordinator hosts the
     embedded bus at `control`, and the broker is dialled through the testbed's relay."""
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -87,12 +94,33 @@ def node_children(
             ]  # fmt: skip
             if control is not None:
                 argv += ["--control", f"{control[0]}:{control[1]}"]
+            hosts_bus = False
             if testbed is not None:
                 broker = cfg.control.url if cfg.control.name == "rabbitmq" else None
                 argv = node_argv(testbed, role, rank, argv, broker=broker)
-            children.append(ChildSpec(name=name, argv=argv, env={**env, **thread_env(threads[role])},
+                hosts_bus = "--host-control" in argv
+            secrets_env = node_secrets(env, session, name, hosts_bus=hosts_bus)
+            children.append(ChildSpec(name=name, argv=argv,
+                                      env={**secrets_env, **thread_env(threads[role])},
                                       log_path=run_dir / "logs" / f"{name}.log"))  # fmt: skip
     return children
+
+
+def node_secrets(
+    env: dict[str, str], session: str, name: str, *, hosts_bus: bool
+) -> dict[str, str]:
+    """`env` as node `name` gets it: the session key in `env` is replaced by what the node's
+    identity needs (`splitlab.wire.session_key`): its own bus credential `node_key(name)` and
+    the data-plane key. Only the node hosting the embedded bus (the coordinator on a testbed)
+    keeps the session key, from which it derives every node's credential. An `env` without
+    the session key is returned as it is."""
+    if SESSION_KEY_ENV not in env or hosts_bus:
+        return dict(env)
+    out = dict(env)
+    key = bytes.fromhex(out.pop(SESSION_KEY_ENV))
+    out[NODE_KEY_ENV] = node_key(name, key).hex()
+    out[DATA_KEY_ENV] = data_plane_key(session, key).hex()
+    return out
 
 
 def remove_broker_queues(cfg: Config, session: str, nodes: list[str]) -> None:

@@ -35,7 +35,7 @@ from splitlab.train.role import COORDINATOR, TrainRole
 from splitlab.wire.base import Transport
 from splitlab.wire.delay import DELAY_SOURCE
 from splitlab.wire.registry import TransportFacts, open_transport
-from splitlab.wire.session_key import session_key
+from splitlab.wire.session_key import own_node_key
 
 
 def save_batches(path: Path, batches: list[dict[str, torch.Tensor]]) -> None:
@@ -60,9 +60,10 @@ def load_batches(path: Path | None) -> list[dict[str, torch.Tensor]]:
 
 def control_endpoint(role: TrainRole) -> ControlEndpoint:
     """The control bus `control.name` names, from the bus registry; the embedded one at the
-    node's `--control` address, authenticated with the session key, through the delay line of
-    the path to the coordinator's host on a testbed (control crosses the links as data does;
-    the broker's relay delays RabbitMQ's bytes, `splitlab.testbed.relay`)."""
+    node's `--control` address, authenticated with this node's own key (`own_node_key`),
+    through the delay line of the path to the coordinator's host on a testbed (control
+    crosses the links as data does; the broker's relay delays RabbitMQ's bytes,
+    `splitlab.testbed.relay`)."""
     cfg = role.control
     peers = [*role.owners, *role.workers, *([role.coordinator] if role.coordinator else [])]
     if cfg.name != "embedded":
@@ -77,7 +78,7 @@ def control_endpoint(role: TrainRole) -> ControlEndpoint:
                             seed=role.seed) if role.coordinator else None  # fmt: skip
     bus = bus_kind(cfg.name).connect(
         session=role.session, node_id=role.name, timeout_s=role.timeout_s, host=host, port=port,
-        authkey=session_key(), prefetch=cfg.prefetch, delay=delay,
+        credential=own_node_key(role.name), prefetch=cfg.prefetch, delay=delay,
     )  # fmt: skip
     return ControlEndpoint(bus, peers=peers)
 

@@ -4,8 +4,8 @@
 run's config into a `TrainRole` (`splitlab.train.role`). Every process builds the same replica
 from the same seed, with the same low-rank cuts and LoRA. The control bus is RabbitMQ
 (`control.url`) or the embedded bus at the node's `--control` address; the data-plane key
-is derived from `$SPLITLAB_SESSION_KEY` and the session id, so no key crosses the bus and
-no secret is on a command line.
+is derived from `$SPLITLAB_SESSION_KEY` and the session id (or handed as `$SPLITLAB_DATA_KEY`),
+so no key crosses the bus and no secret is on a command line.
 
 Start-up (`splitlab.train.member.open_data_plane`): a worker opens its listener and sends
 REGISTER (host, port, compute weight) to its owners; an owner dials every worker that

@@ -148,10 +148,14 @@ def client_handshake(sock: socket.socket, *, key: bytes, session: str, client_id
         raise AuthError(f"handshake: peer {server_id!r} does not hold the session key")
 
 
-def server_handshake(sock: socket.socket, *, key: bytes, session: str, server_id: str,
-                     guard: ReplayGuard, on_accept: Callable[[Hello], None] | None = None,
+def server_handshake(sock: socket.socket, *, key: bytes | Callable[[str], bytes], session: str,
+                     server_id: str, guard: ReplayGuard,
+                     on_accept: Callable[[Hello], None] | None = None,
                      timeout_s: float | None = None) -> Hello:  # fmt: skip
     """Check a connecting client; returns its hello or refuses (logged) with AuthError.
+
+    `key` is the shared key, or a function of the client id the hello names giving that
+    client's own key (the embedded bus: one credential per node, `wire.session_key.node_key`).
 
     `on_accept` runs before the client hears "accept", so the connection is usable on this
     side by the time the client's `connect` returns. `timeout_s` bounds the whole handshake
@@ -166,6 +170,8 @@ def server_handshake(sock: socket.socket, *, key: bytes, session: str, server_id
     elif not guard.first_use(hello.client_nonce):
         reason = f"replayed handshake (client nonce {hello.client_nonce[:8]}... seen before)"
     if reason is None:
+        if callable(key):
+            key = key(hello.client_id)
         sn = new_nonce()
         ids = dict(session=session, client_id=hello.client_id, server_id=server_id,
                    lane=hello.lane, client_nonce=hello.client_nonce, server_nonce=sn)  # fmt: skip

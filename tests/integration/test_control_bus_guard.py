@@ -19,8 +19,9 @@ from control_helpers import BusFactory, open_buses
 from splitlab.control.embedded import _LANE, _REALM, _SERVER_ID, EmbeddedBus, _Conn
 from splitlab.control.endpoint import ControlEndpoint
 from splitlab.control.messages import Abort, Kind, Plan, Start
-from splitlab.errors import ProtocolError
+from splitlab.errors import PeerLostError, ProtocolError
 from splitlab.wire.auth import client_handshake
+from splitlab.wire.session_key import node_key
 
 
 @pytest.fixture
@@ -155,7 +156,7 @@ def test_hello_must_name_the_authenticated_node(buses: BusFactory) -> None:
     try:
         # A fresh connection authenticated as w1 asking for o0's queue:
         sock = socket.create_connection((a.host, a.port), timeout=5)
-        client_handshake(sock, key=a.authkey, session=_REALM, client_id="w1",
+        client_handshake(sock, key=node_key("w1", a.authkey), session=_REALM, client_id="w1",
                          server_id=_SERVER_ID, lane=_LANE, timeout_s=5)  # fmt: skip
         rogue = EmbeddedBus(_Conn(sock, "host"), session=buses.session, node_id="o0",
                             timeout_s=5.0)  # fmt: skip
@@ -168,6 +169,33 @@ def test_hello_must_name_the_authenticated_node(buses: BusFactory) -> None:
         sock.close()
     finally:
         bus.close()
+
+
+def test_a_node_key_opens_that_node_and_no_other(buses: BusFactory) -> None:
+    """Each node holds only its own credential (the launcher hands out node_key(name)): owner1's
+    key is refused for owner0, for the coordinator and for a made-up node, before any hello."""
+    assert buses.server is not None
+    a = buses.server.address
+    o1_key = node_key("o1", a.authkey)
+
+    def connect(node_id: str, credential: bytes) -> EmbeddedBus:
+        return EmbeddedBus.connect(host=a.host, port=a.port, session=buses.session,
+                                   node_id=node_id, credential=credential, timeout_s=5.0)  # fmt: skip
+
+    for claimed in ("o0", "coordinator", "x9"):
+        with pytest.raises(PeerLostError, match=f"rejected the key of '{claimed}'"):
+            connect(claimed, o1_key)
+    with pytest.raises(PeerLostError, match="rejected the key of 'o1'"):
+        connect("o1", a.authkey)  # the session key itself is no node's credential
+    o1 = connect("o1", o1_key)
+    try:
+        buses.open("o0").publish("o1", _plan(buses.session))
+        delivery = o1.consume(5.0)
+        assert delivery is not None and delivery.message.sender == "o0"
+        delivery.ack()
+    finally:
+        o1.close()
+    assert node_key("o0", a.authkey) != o1_key
 
 
 def test_unknown_sender_abort_is_dropped_by_a_node_with_peers(buses: BusFactory) -> None:

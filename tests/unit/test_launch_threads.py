@@ -1,5 +1,5 @@
-"""How the fine-tuning launcher shares a host's cores among its node processes, and what the
-launchers import before their nodes start.
+"""How the fine-tuning launcher shares a host's cores among its node processes, which secrets
+each node gets, and what the launchers import before their nodes start.
 
 .venv/bin/pytest tests/unit/test_launch_threads.py -q
 """
@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from splitlab.launch.train import WarmImports, role_threads, thread_env
+from splitlab.launch.train import WarmImports, node_secrets, role_threads, thread_env
 
 
 @pytest.mark.parametrize(
@@ -55,3 +56,29 @@ def test_warm_imports_loads_its_modules_and_survives_a_broken_one() -> None:
     warm.join()
     assert not warm.thread.is_alive()
     assert "wave" in sys.modules
+
+
+def test_each_node_gets_its_own_secrets_and_not_the_session_key(tmp_path: Path) -> None:
+    from splitlab.configure import compose_config
+    from splitlab.launch.train import node_children
+    from splitlab.wire.session_key import (
+        DATA_KEY_ENV,
+        NODE_KEY_ENV,
+        SESSION_KEY_ENV,
+        data_plane_key,
+        node_key,
+    )
+
+    key = bytes(range(32))
+    cfg = compose_config(["model=tiny_bert"])
+    children = node_children(cfg, tmp_path / "config.yaml", run_dir=tmp_path, session="ft-1",
+                             control=("127.0.0.1", 1), env={SESSION_KEY_ENV: key.hex(), "A": "1"})  # fmt: skip
+    assert {c.name for c in children} == {"coordinator", "worker0", "owner0", "owner1"}
+    for child in children:
+        assert SESSION_KEY_ENV not in child.env and child.env["A"] == "1"
+        assert child.env[NODE_KEY_ENV] == node_key(child.name, key).hex()
+        assert child.env[DATA_KEY_ENV] == data_plane_key("ft-1", key).hex()
+    # the node hosting the bus (the coordinator on a testbed) derives every credential
+    assert node_secrets({SESSION_KEY_ENV: "ab"}, "ft-1", "coordinator", hosts_bus=True) == {
+        SESSION_KEY_ENV: "ab"
+    }

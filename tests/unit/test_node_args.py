@@ -122,3 +122,31 @@ def test_the_data_plane_key_is_derived_per_session_and_never_the_session_key() -
     a, b = data_plane_key("ft-1", key), data_plane_key("ft-2", key)
     assert a == data_plane_key("ft-1", key) and len(a) == 32  # every member derives the same
     assert a != b and key not in (a, b)  # one run's data plane refuses another run's peers
+
+
+def test_a_node_holds_its_own_key_and_the_data_key_as_handed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from splitlab.wire.session_key import (
+        DATA_KEY_ENV,
+        NODE_KEY_ENV,
+        data_plane_key,
+        node_key,
+        own_node_key,
+    )
+
+    key = bytes(range(32))
+    monkeypatch.setenv(SESSION_KEY_ENV, key.hex())
+    assert own_node_key("owner0") == node_key("owner0", key)  # the session key: derived
+    assert node_key("owner0", key) != node_key("owner1", key) and len(node_key("o", key)) == 32
+    assert data_plane_key("ft-1") == data_plane_key("ft-1", key)
+    monkeypatch.delenv(SESSION_KEY_ENV)
+    monkeypatch.setenv(NODE_KEY_ENV, node_key("owner1", key).hex())
+    monkeypatch.setenv(DATA_KEY_ENV, data_plane_key("ft-1", key).hex())
+    assert own_node_key("owner1") == node_key("owner1", key)  # as handed, nothing derived
+    assert data_plane_key("ft-1") == data_plane_key("ft-1", key)
+    with pytest.raises(ConfigError, match=SESSION_KEY_ENV):
+        node_key("owner0")  # no session key here: no other node's credential either
+    monkeypatch.setenv(NODE_KEY_ENV, "not hex")
+    with pytest.raises(ConfigError, match=NODE_KEY_ENV):
+        own_node_key("owner1")
