@@ -42,6 +42,7 @@ from pathlib import Path
 from splitlab.config.schema import Config
 from splitlab.control.embedded import EmbeddedBusServer
 from splitlab.errors import ConfigError, ExitCode, SplitlabError
+from splitlab.launch.supervisor import die_with_launcher
 from splitlab.telemetry.log import exit_now, setup_logging
 from splitlab.wire.session_key import session_key
 
@@ -207,6 +208,7 @@ def wait_until_left(server: EmbeddedBusServer, timeout_s: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_launcher()
     args = parse_args(sys.argv[1:] if argv is None else argv)
     setup_logging(args.role, args.rank)
     try:

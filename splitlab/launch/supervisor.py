@@ -41,11 +41,14 @@ from splitlab.errors import ExitCode
 log = logging.getLogger(__name__)
 
 SUPERVISOR = "supervisor"  # the name a group timeout or a signal is reported under
+LAUNCHER_PID_ENV = "SPLITLAB_LAUNCHER_PID"  # a child's supervisor (`die_with_launcher`)
+FOLLOW_POLL_S = 0.02  # how often a child's log file is read for new lines
 
 
 @dataclass(frozen=True)
 class ChildSpec:
-    """One process: its display name, argv, extra environment and optional log file."""
+    """One process: its display name, argv, extra environment and optional log file (the
+    child writes its output there itself; see `_Child`)."""
 
     name: str
     argv: Sequence[str]
@@ -144,41 +147,82 @@ def root_cause(exits: Sequence[tuple[str, int]]) -> str | None:
 
 
 class _Child:
+    """One started child and the thread that reads its output line by line.
+
+    A child with a `log_path` writes its stdout and stderr into that file itself (its own
+    descriptor, appended), and the reader follows the file: whatever a node wrote is on disk
+    even when the supervisor dies with it (SIGKILL). Without one, the output comes over a pipe.
+    """
+
     def __init__(self, spec: ChildSpec, sink: IO[str] | None, tail_lines: int) -> None:
         self.spec = spec
-        env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(
-            list(spec.argv),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            text=True,
-            bufsize=1,
-            start_new_session=True,  # its own process group: teardown reaches grandchildren
-        )
+        env = {
+            **os.environ,
+            **spec.env,
+            "PYTHONUNBUFFERED": "1",
+            LAUNCHER_PID_ENV: str(os.getpid()),
+        }
+        self._offset = 0
+        out: Any = subprocess.PIPE
+        if spec.log_path is not None:
+            out = open(spec.log_path, "ab")  # noqa: SIM115 - the child keeps its own copy
+            self._offset = out.tell()
+        try:
+            self.proc = subprocess.Popen(
+                list(spec.argv),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,  # its own process group: teardown reaches grandchildren
+            )
+        finally:
+            if spec.log_path is not None:
+                out.close()
         self.lines: collections.deque[str] = collections.deque(maxlen=tail_lines)
         self.spoke = threading.Event()  # its first line arrived: it is up (imports done)
         self.killed = False
         self._sink = sink
-        self._log_file = open(spec.log_path, "a", encoding="utf-8") if spec.log_path else None  # noqa: SIM115
-        self.reader = threading.Thread(target=self._pump, name=f"log-{spec.name}", daemon=True)
+        target = self._follow if spec.log_path is not None else self._pump
+        self.reader = threading.Thread(target=target, name=f"log-{spec.name}", daemon=True)
         self.reader.start()
+
+    def _line(self, raw: bytes) -> None:
+        line = raw.decode("utf-8", errors="replace").rstrip("\r")
+        self.spoke.set()
+        self.lines.append(line)
+        if self._sink is not None:
+            self._sink.write(f"{self.spec.name:>12} | {line}\n")
+            self._sink.flush()
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.spoke.set()
-            line = line.rstrip("\n")
-            self.lines.append(line)
-            if self._log_file is not None:
-                self._log_file.write(line + "\n")
-                self._log_file.flush()
-            if self._sink is not None:
-                self._sink.write(f"{self.spec.name:>12} | {line}\n")
-                self._sink.flush()
-        if self._log_file is not None:
-            self._log_file.close()
+        for raw in self.proc.stdout:
+            self._line(raw.rstrip(b"\n"))
+
+    def _follow(self) -> None:
+        """Read the child's log file from where it started, until the child has exited and
+        the file holds nothing more."""
+        assert self.spec.log_path is not None
+        pending = b""
+        with open(self.spec.log_path, "rb") as f:
+            f.seek(self._offset)
+            while True:
+                chunk = f.read(1 << 16)
+                if chunk:
+                    *lines, pending = (pending + chunk).split(b"\n")
+                    for raw in lines:
+                        self._line(raw)
+                    continue
+                if self.proc.poll() is not None:
+                    chunk = f.read()  # written between the last read and the exit
+                    if not chunk:
+                        break
+                    pending += chunk
+                    continue
+                time.sleep(FOLLOW_POLL_S)
+        if pending:
+            self._line(pending)
 
     def signal_group(self, sig: int) -> None:
         if self.proc.poll() is not None:
@@ -187,6 +231,30 @@ class _Child:
             os.killpg(self.proc.pid, sig)
         except ProcessLookupError:
             pass
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_launcher() -> None:
+    """Called first thing in a node: when the supervisor named in `$SPLITLAB_LAUNCHER_PID` is
+    this process's parent, have the kernel send this process SIGTERM when that parent dies,
+    however it dies (Linux `PR_SET_PDEATHSIG`; SIGKILL included). A launcher killed outright
+    used to leave its nodes running unsupervised (over RabbitMQ they trained on, their output
+    lost); now they go with it, and their log files (`_Child`) keep every line they wrote.
+    A process whose parent is not that supervisor (started by hand, or by a tool) is left as
+    it is."""
+    pid = os.environ.get(LAUNCHER_PID_ENV, "")
+    if not pid.isdigit() or os.getppid() != int(pid) or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
+        log.warning("cannot tie this node to its launcher (prctl: errno %d)", ctypes.get_errno())
+        return
+    if os.getppid() != int(pid):  # the launcher died before the signal was armed
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def run_group(

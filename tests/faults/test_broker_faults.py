@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -95,3 +96,41 @@ def test_a_connection_closed_by_the_broker_is_named_within_the_timeout(tmp_path:
     assert fm.node_pids(run_dir) == {}
     assert fm.check_checkpoints(run_dir / "checkpoints")["ok"]
     assert _session_queues(session) == []
+
+
+def test_a_killed_launcher_takes_its_nodes_with_it(tmp_path: Path) -> None:
+    """Over RabbitMQ nothing else tells the nodes that their launcher is gone: a SIGKILLed
+    launcher used to leave them training unsupervised, their output lost. Now each node dies
+    with it (`die_with_launcher`) and its log file keeps what it wrote."""
+    # Prepare: a long run over the broker, mid-way through its first rounds
+    run_dir, log_path = tmp_path / "run", tmp_path / "run.log"
+    proc = fm.launcher(run_dir, "control=rabbitmq", "task.rounds=40", log_path=log_path)
+    try:
+        session = _session(log_path, proc, fm.MOMENT_WAIT_S)
+        trace = run_dir / "traces" / f"{fm.TRACE['coordinator']}.jsonl"
+        deadline = time.monotonic() + fm.MOMENT_WAIT_S
+        while not (trace.exists() and '"round_end"' in trace.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.1)
+        nodes = fm.node_pids(run_dir)
+        assert sorted(nodes.values()) == ["coordinator", "owner0", "owner1", "worker0"]
+
+        # Execute
+        proc.kill()
+        proc.wait()
+        killed = time.monotonic()
+        while (left := fm.node_pids(run_dir)) and time.monotonic() - killed < 10:
+            time.sleep(0.05)
+        took_s = time.monotonic() - killed
+    finally:
+        for pid in fm.node_pids(run_dir):
+            os.kill(pid, signal.SIGKILL)
+
+    # Assert: every node gone within seconds; each one's own lines in its log file
+    assert left == {}, f"{sorted(left.values())} still running {took_s:.1f} s after the kill"
+    assert took_s < 5, took_s
+    for name in nodes.values():
+        assert (
+            f"{name} starting (session {session}" in (run_dir / "logs" / f"{name}.log").read_text()
+        )
+    assert "round 1/40 done" in (run_dir / "logs" / "coordinator.log").read_text()

@@ -267,3 +267,51 @@ def test_when_up_is_not_called_when_a_child_never_speaks() -> None:
         when_up=lambda: calls.append(1),
     )
     assert result.exit_code == 2 and calls == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"  # a zombie no one has reaped yet is gone all the same
+
+
+@pytest.mark.parametrize("armed", [True, False])
+def test_a_killed_supervisor_takes_its_armed_children_and_keeps_their_lines(
+    tmp_path: Path, armed: bool
+) -> None:
+    import os
+    import signal
+    import subprocess
+
+    arm = (
+        "from splitlab.launch.supervisor import die_with_launcher; die_with_launcher(); "
+        if armed
+        else ""
+    )
+    child = arm + "import os, time; print('child', os.getpid(), flush=True); time.sleep(120)"
+    parent = (
+        "import sys, pathlib\n"
+        "from splitlab.launch.supervisor import ChildSpec, run_group\n"
+        f"run_group([ChildSpec('c', [sys.executable, '-c', {child!r}], "
+        "log_path=pathlib.Path(sys.argv[1]))], sink=None)\n"
+    )
+    log_path = tmp_path / "c.log"
+    proc = subprocess.Popen([PY, "-c", parent, str(log_path)])
+    deadline = time.monotonic() + 60
+    while not (log_path.exists() and "child" in log_path.read_text()):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    pid = int(log_path.read_text().split()[1])
+    proc.send_signal(signal.SIGKILL)  # the supervisor dies without a word
+    proc.wait()
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        assert _alive(pid) is not armed  # armed: gone with its supervisor; else left running
+        assert log_path.read_text() == f"child {pid}\n"  # written by the child itself
+    finally:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
