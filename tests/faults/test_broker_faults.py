@@ -54,6 +54,17 @@ def _session(log_path: Path, proc: subprocess.Popen[bytes], timeout_s: float) ->
     raise AssertionError(f"no session line in {log_path}:\n{log_path.read_text()[-3000:]}")
 
 
+def _after_round_one(run_dir: Path, log_path: Path, proc: subprocess.Popen[bytes]) -> str:
+    """The run's session, once its coordinator has traced the end of a round."""
+    session = _session(log_path, proc, fm.MOMENT_WAIT_S)
+    trace = run_dir / "traces" / f"{fm.TRACE['coordinator']}.jsonl"
+    deadline = time.monotonic() + fm.MOMENT_WAIT_S
+    while not (trace.exists() and '"round_end"' in trace.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
+        time.sleep(0.1)
+    return session
+
+
 def test_a_finished_run_leaves_no_queue_on_the_broker(tmp_path: Path) -> None:
     log_path = tmp_path / "run.log"
     proc = fm.launcher(tmp_path / "run", "control=rabbitmq", "transport=rabbitmq",
@@ -70,12 +81,7 @@ def test_a_connection_closed_by_the_broker_is_named_within_the_timeout(tmp_path:
     run_dir, log_path = tmp_path / "run", tmp_path / "run.log"
     proc = fm.launcher(run_dir, "control=rabbitmq", "task.rounds=40", log_path=log_path)
     try:
-        session = _session(log_path, proc, fm.MOMENT_WAIT_S)
-        trace = run_dir / "traces" / f"{fm.TRACE['coordinator']}.jsonl"
-        deadline = time.monotonic() + fm.MOMENT_WAIT_S
-        while not (trace.exists() and '"round_end"' in trace.read_text()):
-            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.1)
+        session = _after_round_one(run_dir, log_path, proc)
 
         # Execute
         close_broker_connection(f"splitlab.{session}.owner0")
@@ -106,12 +112,7 @@ def test_a_killed_launcher_takes_its_nodes_with_it(tmp_path: Path) -> None:
     run_dir, log_path = tmp_path / "run", tmp_path / "run.log"
     proc = fm.launcher(run_dir, "control=rabbitmq", "task.rounds=40", log_path=log_path)
     try:
-        session = _session(log_path, proc, fm.MOMENT_WAIT_S)
-        trace = run_dir / "traces" / f"{fm.TRACE['coordinator']}.jsonl"
-        deadline = time.monotonic() + fm.MOMENT_WAIT_S
-        while not (trace.exists() and '"round_end"' in trace.read_text()):
-            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.1)
+        session = _after_round_one(run_dir, log_path, proc)
         nodes = fm.node_pids(run_dir)
         assert sorted(nodes.values()) == ["coordinator", "owner0", "owner1", "worker0"]
 
