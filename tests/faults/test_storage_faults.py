@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -134,3 +135,26 @@ def test_a_truncated_only_checkpoint_is_refused_naming_the_file(
     assert f"checkpoint {str(newest)!r}: cannot be read" in log, log[-3000:]
     records = [json.loads(line) for line in trace.read_text().splitlines() if line]
     assert sum(r.get("kind") == "round_start" for r in records) == starts_before
+
+
+@pytest.mark.slow
+def test_a_full_disk_under_the_traces_is_named_by_the_node_that_hit_it(tmp_path: Path) -> None:
+    """The trace writer's thread used to die with a traceback on ENOSPC while its node went on
+    without traces (and the launcher then reported that no owner traced a round)."""
+    _needs_root()
+    run_dir = tmp_path / "run"
+    disk = run_dir / "traces"
+    disk.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12k", "tmpfs", str(disk)], check=True)
+    try:
+        # Execute: the traces outgrow 12 KiB (three pages) during the first round
+        code, log = _launch(run_dir)
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
+
+    # Assert: exit 9 naming a node's trace file and the cause; no traceback
+    assert code == ExitCode.STORAGE, log[-3000:]
+    assert re.search(r"(\w+) failed first with exit code 9 \(storage\)", log), log[-3000:]
+    assert re.search(r"trace '[^']+/traces/\w+-\d\.jsonl': cannot be written: .*No space left", log)
+    assert "Traceback" not in log, log[-3000:]
+    assert fm.node_pids(run_dir) == {}

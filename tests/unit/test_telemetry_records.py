@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import FrozenInstanceError, dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -115,3 +116,41 @@ def test_tracer_writes_stamped_lines_and_off_is_a_no_op(tmp_path: Path) -> None:
     off = Tracer.null()
     off.write(token)
     assert not off.enabled
+
+
+def test_a_trace_that_cannot_be_written_is_a_storage_error_in_the_callers_thread() -> None:
+    """/dev/full fails every write with ENOSPC, as a full disk would: the writer thread used
+    to die with a traceback while the node trained on without traces (and its queue grew)."""
+    from splitlab.errors import ExitCode, StorageError
+    from splitlab.telemetry.records import AbortRecord
+
+    tracer = Tracer.open("/dev/full", role="owner", rank=0)
+    tracer.write(AbortRecord(reason="first"))
+    deadline = time.monotonic() + 10
+    while tracer.error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with pytest.raises(
+        StorageError, match="trace '/dev/full': cannot be written: .*No space left"
+    ) as err:
+        tracer.write(AbortRecord(reason="second"))
+    assert err.value.exit_code == ExitCode.STORAGE
+    tracer.close()  # already raised: closes quietly
+
+
+def test_a_failure_in_the_last_flush_is_raised_by_close() -> None:
+    from splitlab.errors import StorageError
+    from splitlab.telemetry.records import AbortRecord
+
+    tracer = Tracer.open("/dev/full", role="owner", rank=0)
+    tracer.write(AbortRecord(reason="only"))
+    with pytest.raises(StorageError, match="/dev/full"):
+        tracer.close()
+    tracer.close()  # idempotent
+
+
+def test_a_trace_folder_that_cannot_be_made_is_a_storage_error(tmp_path: Path) -> None:
+    from splitlab.errors import StorageError
+
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(StorageError, match="cannot be opened"):
+        Tracer.for_run(tmp_path / "file", role="owner", rank=0)  # RUN is a file: no traces/
