@@ -46,7 +46,7 @@ from splitlab.config.load import (
 )
 from splitlab.config.schema import Config
 from splitlab.configure import validate
-from splitlab.errors import ConfigError, ExitCode, SplitlabError
+from splitlab.errors import ConfigError, ExitCode, SplitlabError, as_storage_error
 from splitlab.telemetry.log import exit_now, setup_logging
 
 # task name -> "module:function" taking (cfg: Config) and returning an exit code.
@@ -205,6 +205,12 @@ def _run_job(dcfg: DictConfig) -> int:
     except SplitlabError as exc:
         log.error("%s", exc)
         code = int(exc.exit_code)
+    except OSError as exc:  # the launcher's own writes: config.yaml, metrics, plots, report
+        storage = as_storage_error(exc, f"the run folder {HydraConfig.get().runtime.output_dir}")
+        if storage is None:
+            raise
+        log.error("%s", storage)
+        code = int(storage.exit_code)
     except KeyboardInterrupt:
         log.error("interrupted")
         code = 130

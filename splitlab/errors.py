@@ -6,6 +6,7 @@ researcher reading `echo $?`) can tell a bad config from a lost peer from a NaN.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Mapping
 from enum import IntEnum
 from typing import TypeVar
@@ -66,6 +67,22 @@ class StorageError(SplitlabError, OSError):
     """A file could not be written; the message names the file and the cause."""
 
     exit_code = ExitCode.STORAGE
+
+
+# What a disk or folder that cannot take a write says: an OSError with one of these is a
+# storage failure wherever it surfaces (a lost connection or a missing file is not).
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EACCES})
+
+
+def as_storage_error(exc: OSError, where: str) -> StorageError | None:
+    """`exc` as a StorageError naming its file (else `where`) when a write failed for want of
+    room or permission; None for any other OSError."""
+    if isinstance(exc, StorageError):
+        return exc
+    if exc.errno not in STORAGE_ERRNOS:
+        return None
+    target = exc.filename if exc.filename is not None else where
+    return StorageError(f"{str(target)!r}: cannot be written: [Errno {exc.errno}] {exc.strerror}")
 
 
 def registered(table: Mapping[str, T], name: str, key: str) -> T:

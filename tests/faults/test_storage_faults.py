@@ -158,3 +158,25 @@ def test_a_full_disk_under_the_traces_is_named_by_the_node_that_hit_it(tmp_path:
     assert re.search(r"trace '[^']+/traces/\w+-\d\.jsonl': cannot be written: .*No space left", log)
     assert "Traceback" not in log, log[-3000:]
     assert fm.node_pids(run_dir) == {}
+
+
+@pytest.mark.slow
+def test_a_launcher_output_that_cannot_be_written_is_named(tmp_path: Path) -> None:
+    """The launcher's own writes after training (metrics, plot, report) ended in a traceback
+    and exit 1 on a full or read-only disk."""
+    _needs_root()
+    run_dir = tmp_path / "run"
+    folder = run_dir / "analysis"
+    folder.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)], check=True)
+    try:
+        code, log = _launch(run_dir)
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+
+    assert code == ExitCode.STORAGE, log[-3000:]
+    assert re.search(r"/analysis/\w+\.\w+': cannot be written: \[Errno 30\] Read-only", log), log[
+        -3000:
+    ]
+    assert "Traceback" not in log, log[-3000:]
+    assert fm.check_checkpoints(run_dir / "checkpoints")["ok"]  # the run itself is whole
