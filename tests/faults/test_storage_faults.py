@@ -8,11 +8,13 @@ is left or loaded, and the run resumes from the last intact checkpoint where one
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,6 +40,18 @@ def _needs_root() -> None:
         if os.environ.get("SPLITLAB_REQUIRE_TESTBED") == "1":  # CI runs as root
             pytest.fail(message + " and SPLITLAB_REQUIRE_TESTBED=1", pytrace=False)
         pytest.skip(message)
+
+
+@contextlib.contextmanager
+def _tmpfs(folder: Path, options: str) -> Iterator[None]:
+    """A small tmpfs mounted (as root) over `folder` for the block."""
+    _needs_root()
+    folder.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
 
 
 @pytest.fixture(scope="module")
@@ -141,16 +155,10 @@ def test_a_truncated_only_checkpoint_is_refused_naming_the_file(
 def test_a_full_disk_under_the_traces_is_named_by_the_node_that_hit_it(tmp_path: Path) -> None:
     """The trace writer's thread used to die with a traceback on ENOSPC while its node went on
     without traces (and the launcher then reported that no owner traced a round)."""
-    _needs_root()
     run_dir = tmp_path / "run"
-    disk = run_dir / "traces"
-    disk.mkdir(parents=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12k", "tmpfs", str(disk)], check=True)
-    try:
+    with _tmpfs(run_dir / "traces", "size=12k"):
         # Execute: the traces outgrow 12 KiB (three pages) during the first round
         code, log = _launch(run_dir)
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=True)
 
     # Assert: exit 9 naming a node's trace file and the cause; no traceback
     assert code == ExitCode.STORAGE, log[-3000:]
@@ -164,19 +172,12 @@ def test_a_full_disk_under_the_traces_is_named_by_the_node_that_hit_it(tmp_path:
 def test_a_launcher_output_that_cannot_be_written_is_named(tmp_path: Path) -> None:
     """The launcher's own writes after training (metrics, plot, report) ended in a traceback
     and exit 1 on a full or read-only disk."""
-    _needs_root()
     run_dir = tmp_path / "run"
-    folder = run_dir / "analysis"
-    folder.mkdir(parents=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)], check=True)
-    try:
+    with _tmpfs(run_dir / "analysis", "ro,size=1m"):
         code, log = _launch(run_dir)
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], check=True)
 
     assert code == ExitCode.STORAGE, log[-3000:]
-    assert re.search(r"/analysis/\w+\.\w+': cannot be written: \[Errno 30\] Read-only", log), log[
-        -3000:
-    ]
+    named = r"/analysis/\w+\.\w+': cannot be written: \[Errno 30\] Read-only"
+    assert re.search(named, log), log[-3000:]
     assert "Traceback" not in log, log[-3000:]
     assert fm.check_checkpoints(run_dir / "checkpoints")["ok"]  # the run itself is whole
