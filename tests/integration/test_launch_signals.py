@@ -8,7 +8,6 @@ itself) with real children, signalled from outside as a scheduler or `kill` woul
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from process_helpers import alive
 
 LAUNCHER = """
 import sys
@@ -37,14 +37,6 @@ result = run_group(specs, grace_s=1)
 print("diagnosis:", result.diagnosis(), file=sys.stderr, flush=True)
 sys.exit(result.exit_code)
 """
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _wait_for(predicate, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
@@ -80,7 +72,7 @@ def test_signalled_launcher_tears_down_diagnoses_and_exits_128_plus_signal(
     assert f"received {sig.name}" in stderr
     assert "torn down: polite, stubborn" in stderr
     for pid in pids:
-        _wait_for(lambda pid=pid: not _alive(pid), 5, f"child {pid} to be gone")
+        _wait_for(lambda pid=pid: not alive(pid), 5, f"child {pid} to be gone")
 
 
 def _children_of(pid: int) -> list[int]:
@@ -120,4 +112,4 @@ def test_sigterm_to_the_splitlab_launcher_mid_run(tmp_path: Path) -> None:
     assert launcher.returncode == 143
     assert "received SIGTERM" in stderr
     for pid in nodes:
-        _wait_for(lambda pid=pid: not _alive(pid), 5, f"node {pid} to be gone")
+        _wait_for(lambda pid=pid: not alive(pid), 5, f"node {pid} to be gone")

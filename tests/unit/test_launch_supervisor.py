@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from process_helpers import alive
 
 from splitlab.errors import ExitCode
 from splitlab.launch.supervisor import (
@@ -269,14 +270,6 @@ def test_when_up_is_not_called_when_a_child_never_speaks() -> None:
     assert result.exit_code == 2 and calls == []
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return False
-    return state != "Z"  # a zombie no one has reaped yet is gone all the same
-
-
 @pytest.mark.parametrize("armed", [True, False])
 def test_a_killed_supervisor_takes_its_armed_children_and_keeps_their_lines(
     tmp_path: Path, armed: bool
@@ -307,11 +300,11 @@ def test_a_killed_supervisor_takes_its_armed_children_and_keeps_their_lines(
     proc.send_signal(signal.SIGKILL)  # the supervisor dies without a word
     proc.wait()
     deadline = time.monotonic() + 5
-    while _alive(pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     try:
-        assert _alive(pid) is not armed  # armed: gone with its supervisor; else left running
+        assert alive(pid) is not armed  # armed: gone with its supervisor; else left running
         assert log_path.read_text() == f"child {pid}\n"  # written by the child itself
     finally:
-        if _alive(pid):
+        if alive(pid):
             os.kill(pid, signal.SIGKILL)
