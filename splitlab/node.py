@@ -23,8 +23,9 @@ must agree on is read from it. The command line adds only what differs per host:
 
 The secret is `$SPLITLAB_SESSION_KEY` (hex, the same on every host), or, as the `splitlab`
 launcher hands them, this node's own `$SPLITLAB_NODE_KEY` and `$SPLITLAB_DATA_KEY`
-(`splitlab.wire.session_key`); no secret appears on a command line. Flags under "testing only" (fixed microbatches, fault
-injection, the echo model, version skew) exist for tests and check tools; runs never need them.
+(`splitlab.wire.session_key`); no secret appears on a command line. Flags under "testing
+only" (fixed microbatches, fault injection, the echo model, version skew) exist for tests and
+check tools; runs never need them.
 README.md ("Across hosts" and the ring's by-hand block) shows full examples, and
 tests/integration/test_node_cli.py runs the fine-tuning one as written.
 

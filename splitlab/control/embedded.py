@@ -568,7 +568,8 @@ class EmbeddedBus(ControlBus):
         except AuthError as exc:
             conn.close()
             raise PeerLostError(
-                f"embedded control bus {peer} rejected the key of {node_id!r} (or is not ours): {exc}"
+                f"embedded control bus {peer} rejected the key of {node_id!r} "
+                f"(or is not ours): {exc}"
             ) from None
         except (TruncatedFrameError, OSError) as exc:
             conn.close()

@@ -3,9 +3,9 @@
 `build_owner_datasets` is what schedulers call: it loads the configured source, holds out
 `val_samples` examples (fixed by `data.seed` alone, so validation never moves between rounds),
 splits the rest across owners (IID or Dirichlet over the labels, re-drawn each round when
-`refresh_each_round`; `owner_counts` (splitlab.data.split) examples each: one count, one per owner, or a seeded
-Dirichlet quantity skew, fixed for the run), and tokenises each shard. A `Shard` then yields
-padded microbatches, length-bucketed when `bucket_by_length`.
+`refresh_each_round`; `splitlab.data.split.owner_counts` examples each: one count, one per
+owner, or a seeded Dirichlet quantity skew, fixed for the run), and tokenises each shard. A
+`Shard` then yields padded microbatches, length-bucketed when `bucket_by_length`.
 
     .venv/bin/pytest tests/unit/test_data_owners.py
     .venv/bin/python -m splitlab.data.owners   # rotten_tomatoes with the GPT-2 tokenizer

@@ -54,7 +54,9 @@ def open_data_plane(
     before the other has loaded its model. These waits use `startup_timeout_s`.
 
     The data plane's key is derived from `$SPLITLAB_SESSION_KEY` and the session id on every
-    member, or handed by the launcher as `$SPLITLAB_DATA_KEY` (`data_plane_key`). Without a coordinator the START is None; a STOP before any round (a resumed run that is already complete) returns (None, None, {}).
+    member, or handed by the launcher as `$SPLITLAB_DATA_KEY` (`data_plane_key`). Without a
+    coordinator the START is None; a STOP before any round (a resumed run that is already
+    complete) returns (None, None, {}).
     """
     first = None
     wait_s = spec.startup_timeout_s
