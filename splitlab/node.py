@@ -23,7 +23,8 @@ must agree on is read from it. The command line adds only what differs per host:
 
 The secret is `$SPLITLAB_SESSION_KEY` (hex, the same on every host), or, as the `splitlab`
 launcher hands them, this node's own `$SPLITLAB_NODE_KEY` and `$SPLITLAB_DATA_KEY`
-(`splitlab.wire.session_key`); no secret appears on a command line. Flags under "testing
+(`splitlab.wire.session_key`), and under control.node_users its broker login
+`$SPLITLAB_BROKER_LOGIN` (`splitlab.wire.broker_login`); no secret appears on a command line. Flags under "testing
 only" (fixed microbatches, fault injection, the echo model, version skew) exist for tests and
 check tools; runs never need them.
 README.md ("Across hosts" and the ring's by-hand block) shows full examples, and
@@ -45,6 +46,7 @@ from splitlab.control.embedded import EmbeddedBusServer
 from splitlab.errors import ConfigError, ExitCode, SplitlabError
 from splitlab.launch.supervisor import die_with_launcher
 from splitlab.telemetry.log import exit_now, setup_logging
+from splitlab.wire.broker_login import apply_login
 from splitlab.wire.session_key import session_key
 
 log = logging.getLogger("splitlab.node")
@@ -217,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
 
         cfg = load_resolved_config(args.config)
         apply_host_facts(cfg, args)
+        apply_login(cfg)  # this node's own broker user (control.node_users)
         run_dir = Path(args.run_dir) if args.run_dir else Path(args.config).resolve().parent
         if args.role == "stage":
             code = run_stage_role(cfg, args, run_dir)

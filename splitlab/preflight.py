@@ -33,6 +33,7 @@ from splitlab.config.schema import (
     ModelConfig,
     TwoStageConfig,
 )
+from splitlab.control.broker_users import check_node_users
 from splitlab.errors import ConfigError
 from splitlab.loggers.registry import check_loggers
 from splitlab.models.families import family_kind, get_family
@@ -162,6 +163,7 @@ def check_network(cfg: Config) -> None:
         brokers.setdefault(transport.url, "transport.url")
     for url, key in brokers.items():
         check_broker(key, url)
+    check_node_users(cfg.control, transport)
 
 
 def preflight(cfg: Config) -> None:

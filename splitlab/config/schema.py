@@ -200,6 +200,9 @@ class ControlConfig:
     url: str = "amqp://guest:guest@127.0.0.1:5672/%2F"  # broker URL (rabbitmq only)
     prefetch: int = 32  # unacked deliveries per consumer
     heartbeat_s: int = 30  # AMQP heartbeat (rabbitmq only)
+    # rabbitmq only: a vhost of the session's own and one broker user per node, each reading
+    # only its own queues, every message's sender checked (splitlab.control.broker_users)
+    node_users: bool = False
 
 
 # --- fine-tuning ----------------------------------------------------------------------------

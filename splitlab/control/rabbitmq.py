@@ -12,6 +12,12 @@
   broker in flow control, `socket_timeout` / `stack_timeout` bound connecting, and every
   pika connection failure becomes `PeerLostError` naming the broker (never the password).
 
+Every publish carries the connection's user as the AMQP `user_id`, which the broker refuses
+unless it is that user. Logged in as its node user (`control.node_users`,
+`splitlab.control.broker_users`), a node publishes without declaring the destination (the
+launcher declared every control queue; a node may declare only its own) and drops, acked and
+said once per sender, any delivery whose `user_id` is not the user of the `sender` it names.
+
 One connection per thread, created in that thread: a bus checks that it is used by the
 thread that opened it. The connection is named `splitlab.<session>.<node_id>` on the broker
 (`rabbitmqctl list_connections client_properties`).
@@ -35,10 +41,18 @@ import pika.exceptions
 from splitlab.control.bus import ControlBus, Delivery, check_name, decode_delivery, queue_name
 from splitlab.control.messages import BusMessage, encode
 from splitlab.errors import ConfigError, PeerLostError
+from splitlab.wire.broker_login import sender_user
 
 log = logging.getLogger(__name__)
 
 _CONTENT_TYPE = "application/x-splitlab-control"
+QUEUE_EXPIRES_S = 3600.0  # unused for an hour, a control queue goes (a killed launcher's)
+
+
+def control_queue_args(queue_expires_s: float = QUEUE_EXPIRES_S) -> dict[str, int]:
+    """The arguments every control queue is declared with (the broker refuses a second
+    declaration with others)."""
+    return {"x-expires": int(queue_expires_s * 1000)}
 
 
 def broker_label(params: pika.ConnectionParameters) -> str:
@@ -58,7 +72,7 @@ class RabbitMQBus(ControlBus):
         prefetch: int = 16,
         timeout_s: float = 30.0,
         heartbeat_s: int = 10,
-        queue_expires_s: float = 3600.0,
+        queue_expires_s: float = QUEUE_EXPIRES_S,
     ) -> None:
         self.session, self.node_id, self.timeout_s = session, node_id, timeout_s
         self._queue = queue_name(check_name("session", session), check_name("node_id", node_id))
@@ -74,8 +88,11 @@ class RabbitMQBus(ControlBus):
         params.retry_delay = 1.0
         params.client_properties = {"connection_name": self._queue}
         self.broker = broker_label(params)
-        self._queue_args = {"x-expires": int(queue_expires_s * 1000)}
-        self._ready: deque[tuple[int, bool, bytes]] = deque()
+        self._queue_args = control_queue_args(queue_expires_s)
+        self._user = params.credentials.username
+        self._node_user = sender_user(session, self._user, node_id, node_id) is not None
+        self._refused: dict[tuple[str | None, str], int] = {}  # (user_id, sender) -> dropped
+        self._ready: deque[tuple[int, bool, bytes, str | None]] = deque()
         self._declared: set[str] = set()
         self._consuming = False
         self._lost: str | None = None
@@ -95,12 +112,15 @@ class RabbitMQBus(ControlBus):
         self._check()
         name = queue_name(self.session, to_node)
         try:
-            self._declare(name)
+            if not self._node_user:
+                self._declare(name)
             self._channel.basic_publish(
                 exchange="",
                 routing_key=name,
                 body=encode(msg),
-                properties=pika.BasicProperties(content_type=_CONTENT_TYPE, delivery_mode=1),
+                properties=pika.BasicProperties(
+                    content_type=_CONTENT_TYPE, delivery_mode=1, user_id=self._user
+                ),
                 mandatory=True,
             )
         except (pika.exceptions.UnroutableError, pika.exceptions.NackError) as exc:
@@ -113,6 +133,21 @@ class RabbitMQBus(ControlBus):
     def consume_batch(self, max_count: int, timeout_s: float) -> list[Delivery]:
         self._check()
         deadline = time.monotonic() + max(0.0, timeout_s)
+        out: list[Delivery] = []
+        while not out:  # a batch of dropped deliveries (`_from_its_sender`) waits on
+            if not self._wait_ready(deadline):
+                return []
+            while self._ready and len(out) < max_count:
+                tag, redelivered, body, user_id = self._ready.popleft()
+                delivery = decode_delivery(body, redelivered, self._settler(tag))
+                if self._from_its_sender(delivery.message.sender, user_id):
+                    out.append(delivery)
+                else:
+                    delivery.ack()
+        return out
+
+    def _wait_ready(self, deadline: float) -> bool:
+        """Until a delivery is ready (True) or `deadline` (False)."""
         try:
             if not self._consuming:
                 self._channel.basic_consume(self._queue, self._on_message, auto_ack=False)
@@ -122,15 +157,23 @@ class RabbitMQBus(ControlBus):
             while not self._ready:
                 remaining_s = deadline - time.monotonic()
                 if remaining_s <= 0:
-                    return []
+                    return False
                 self._conn.process_data_events(time_limit=remaining_s)
         except pika.exceptions.AMQPError as exc:
             self._lose(f"lost the RabbitMQ broker {self.broker} consuming {self._queue}", exc)
-        out = []
-        while self._ready and len(out) < max_count:
-            tag, redelivered, body = self._ready.popleft()
-            out.append(decode_delivery(body, redelivered, self._settler(tag)))
-        return out
+        return True
+
+    def _from_its_sender(self, sender: str, user_id: str | None) -> bool:
+        """Under a node login, the broker-checked `user_id` must be `sender`'s node user."""
+        expected = sender_user(self.session, self._user, self.node_id, sender)
+        if expected is None or user_id == expected:
+            return True
+        key = (user_id, sender)
+        if key not in self._refused:
+            log.warning("%s: dropped a message naming %r as sender from broker user %r "
+                        "(its user is %r)", self.node_id, sender, user_id, expected)  # fmt: skip
+        self._refused[key] = self._refused.get(key, 0) + 1
+        return False
 
     def close(self) -> None:
         if self._lost is not None and self._conn.is_closed:
@@ -145,6 +188,8 @@ class RabbitMQBus(ControlBus):
     def cleanup(self, node_ids: Iterable[str] = ()) -> None:
         self._check()
         names = {self._queue, *self._declared, *(queue_name(self.session, n) for n in node_ids)}
+        if self._node_user:  # may delete only its own; the launcher removes the vhost
+            names = {self._queue}
         try:
             for name in sorted(names):
                 self._channel.queue_delete(queue=name)
@@ -166,8 +211,8 @@ class RabbitMQBus(ControlBus):
             )
             self._declared.add(name)
 
-    def _on_message(self, _ch: Any, method: Any, _props: Any, body: bytes) -> None:
-        self._ready.append((method.delivery_tag, bool(method.redelivered), body))
+    def _on_message(self, _ch: Any, method: Any, props: Any, body: bytes) -> None:
+        self._ready.append((method.delivery_tag, bool(method.redelivered), body, props.user_id))
 
     def _settler(self, tag: int) -> Any:
         def settle(ack: bool, requeue: bool) -> None:

@@ -54,6 +54,7 @@ from splitlab.testbed.placement import (
 )
 from splitlab.testbed.session import Testbed
 from splitlab.train.role import COORDINATOR, check_finetune, checkpoint_dir, role_names
+from splitlab.wire.broker_login import LOGIN_ENV
 from splitlab.wire.session_key import (
     DATA_KEY_ENV,
     NODE_KEY_ENV,
@@ -74,9 +75,11 @@ def node_children(
     control: tuple[str, int] | None,
     env: dict[str, str],
     testbed: Testbed | None = None,
+    logins: dict[str, str] | None = None,
 ) -> list[ChildSpec]:
     """One child per role (the coordinator, then the workers, then the owners), each started
-    with the one node command and only its own secrets (`node_secrets`); its log in
+    with the one node command and only its own secrets (`node_secrets`, and its broker login
+    from `logins` under control.node_users); its log in
     RUN/logs/. On a `testbed` each runs inside its host
     (`splitlab.testbed.placement`), listening on the host's address; the coordinator hosts the
     embedded bus at `control`, and the broker is dialled through the testbed's relay."""
@@ -100,6 +103,8 @@ def node_children(
                 argv = node_argv(testbed, role, rank, argv, broker=broker)
                 hosts_bus = "--host-control" in argv
             secrets_env = node_secrets(env, session, name, hosts_bus=hosts_bus)
+            if logins is not None:
+                secrets_env[LOGIN_ENV] = logins[name]
             children.append(ChildSpec(name=name, argv=argv,
                                       env={**secrets_env, **thread_env(threads[role])},
                                       log_path=run_dir / "logs" / f"{name}.log"))  # fmt: skip
@@ -123,10 +128,33 @@ def node_secrets(
     return out
 
 
+def create_node_users(cfg: Config, session: str, nodes: list[str]) -> dict[str, str] | None:
+    """Under control.node_users, the session's vhost and one broker user per node
+    (`splitlab.control.broker_users`); returns {node id: its login}, else None."""
+    if not cfg.control.node_users:
+        return None
+    from splitlab.control import broker_users
+    from splitlab.control.rabbitmq import control_queue_args  # pulls in pika
+
+    began = time.monotonic()
+    logins = broker_users.create(cfg.control.url, session, nodes, control_queue_args())
+    log.info("broker vhost %s with %d node users, in %.1f s", broker_users.vhost(session),
+             len(nodes), time.monotonic() - began)  # fmt: skip
+    return logins
+
+
 def remove_broker_queues(cfg: Config, session: str, nodes: list[str]) -> None:
     """Delete the queues the session's nodes declared on a RabbitMQ broker (control bus and
     tensor transport), once they have all exited: a node that died never deleted its own.
-    A broker that cannot be reached now is said once; the queues then expire by themselves."""
+    A broker that cannot be reached now is said once; the queues then expire by themselves.
+    Under control.node_users the session's vhost goes instead, its queues and users with it."""
+    if cfg.control.node_users:
+        from splitlab.control import broker_users
+
+        for failure in broker_users.remove(session, nodes):
+            log.warning("left on the broker (python tools/broker_users.py removes it): %s",
+                        failure)  # fmt: skip
+        return
     by_url: dict[str, list[str]] = {}
     if cfg.control.name == "rabbitmq":
         by_url.setdefault(cfg.control.url, []).extend(queue_name(session, n) for n in nodes)
@@ -247,17 +275,19 @@ def run_finetune(cfg: Config, *, preflighted: bool = False) -> int:
             run_dir, arch.owners, arch.workers, cfg.transport.name, cfg.control.name, session,
             f", testbed {tb.topology.name} (session {tb.session})" if tb is not None else "",
         )  # fmt: skip
-        children = node_children(
-            cfg, config_path, run_dir=run_dir, session=session, control=control, env=env,
-            testbed=tb,
-        )  # fmt: skip
         warming = WarmImports()
+        nodes = [name for names in role_names(cfg).values() for name in names]
         try:
+            logins = create_node_users(cfg, session, nodes)
+            children = node_children(
+                cfg, config_path, run_dir=run_dir, session=session, control=control, env=env,
+                testbed=tb, logins=logins,
+            )  # fmt: skip
             group = run_group(children, when_up=warming.start)
         finally:
             if server is not None:
                 server.close()
-            remove_broker_queues(cfg, session, [child.name for child in children])
+            remove_broker_queues(cfg, session, nodes)
     warming.join()
     from splitlab.analysis.report import analyze_run
     from splitlab.analysis.result import FINAL_METRICS_FILE

@@ -2,7 +2,10 @@
 
 Each peer owns two queues, `splitlab.<session>.<peer>.<lane>`, declared with AMQP priorities
 and an hour's `x-expires`, deleted by their owner on close (never anyone else's) and by the
-launcher once every node has exited (a node that died never closed). pika connections are not thread
+launcher once every node has exited (a node that died never closed). Every message carries
+the connection's user as `user_id` (checked by the broker); logged in as its node user
+(`splitlab.control.broker_users`), a transport drops, acked and said once, a message whose
+`user_id` is not the user of the peer its `app_id` names. pika connections are not thread
 safe, so every connection lives in the one thread that made it: a consumer thread per
 transport (one channel per lane, `prefetch = queue_frames`, so each lane's receive queue is
 bounded on its own) and a publisher thread per lane fed by a priority queue. Acks travel to the
@@ -29,6 +32,7 @@ import torch
 from splitlab.errors import PeerLostError, WaitTimeoutError
 from splitlab.telemetry.trace import Tracer
 from splitlab.wire.base import DEFAULT_TIMEOUT_S, Message, Priority, SendTicket, Transport
+from splitlab.wire.broker_login import sender_user
 from splitlab.wire.counters import WireCounters
 from splitlab.wire.frame import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -84,6 +88,8 @@ class AmqpTransport(Transport):
         self.queue_frames, self.send_queue_frames = queue_frames, send_queue_frames
         self.tracer = tracer or Tracer.null()
         self._params = pika.URLParameters(url)
+        self._user = self._params.credentials.username
+        self._refused: set[tuple[str | None, str]] = set()
         self._counters = WireCounters()
         self._pools = {
             lane.value: BufferPool(pool_bytes=pool_bytes, name=lane.value) for lane in Lane
@@ -148,6 +154,14 @@ class AmqpTransport(Transport):
 
     def _on_message(self, lane: Lane, ch: Any, method: Any, props: Any, body: bytes) -> None:
         peer = props.app_id or "?"
+        expected = sender_user(self.session, self._user, self.peer_id, peer)
+        if expected is not None and props.user_id != expected:
+            ch.basic_ack(method.delivery_tag)
+            if (props.user_id, peer) not in self._refused:
+                self._refused.add((props.user_id, peer))
+                log.warning("%s: dropped a %s frame naming %r as sender from broker user %r",
+                            self.peer_id, lane.value, peer, props.user_id)  # fmt: skip
+            return
         prio = MAX_AMQP_PRIORITY - (props.priority or 0)
         self._mailbox.put(lane, peer, prio, (body, ch, method.delivery_tag), timeout_s=0)
 
@@ -220,7 +234,8 @@ class AmqpTransport(Transport):
             src=self.peer_id, priority=int(priority), meta=meta or {},
         )  # fmt: skip
         body = frame_bytes(encode_frame(header, {k: t.cpu() for k, t in tensors.items()}))
-        props = pika.BasicProperties(app_id=self.peer_id, priority=amqp_priority(int(priority)))
+        props = pika.BasicProperties(app_id=self.peer_id, user_id=self._user,
+                                     priority=amqp_priority(int(priority)))  # fmt: skip
         ticket = SendTicket()
         item = (queue_name(self.session, peer_id, lane), body, props, ticket)
         try:

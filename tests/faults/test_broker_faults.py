@@ -13,13 +13,15 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from control_helpers import close_broker_connection
+from control_helpers import REPO, close_broker_connection
 from tool_helpers import load_tool
 
+from splitlab.control import broker_users
 from splitlab.errors import ExitCode
 
 fm = load_tool("fault_matrix")
@@ -107,10 +109,13 @@ def test_a_connection_closed_by_the_broker_is_named_within_the_timeout(tmp_path:
 def test_a_killed_launcher_takes_its_nodes_with_it(tmp_path: Path) -> None:
     """Over RabbitMQ nothing else tells the nodes that their launcher is gone: a SIGKILLed
     launcher used to leave them training unsupervised, their output lost. Now each node dies
-    with it (`die_with_launcher`) and its log file keeps what it wrote."""
+    with it (`die_with_launcher`) and its log file keeps what it wrote. Run with node users,
+    the session's vhost and users outlive the launcher until tools/broker_users.py removes
+    them."""
     # Prepare: a long run over the broker, mid-way through its first rounds
     run_dir, log_path = tmp_path / "run", tmp_path / "run.log"
-    proc = fm.launcher(run_dir, "control=rabbitmq", "task.rounds=40", log_path=log_path)
+    proc = fm.launcher(run_dir, "control=rabbitmq", "control.node_users=true", "task.rounds=40",
+                       log_path=log_path)  # fmt: skip
     try:
         session = _after_round_one(run_dir, log_path, proc)
         nodes = fm.node_pids(run_dir)
@@ -135,3 +140,8 @@ def test_a_killed_launcher_takes_its_nodes_with_it(tmp_path: Path) -> None:
             f"{name} starting (session {session}" in (run_dir / "logs" / f"{name}.log").read_text()
         )
     assert "round 1/40 done" in (run_dir / "logs" / "coordinator.log").read_text()
+    assert sorted(broker_users.leftovers()[session]) == sorted(nodes.values())
+    tool = subprocess.run([sys.executable, str(REPO / "tools" / "broker_users.py"), "remove",
+                           session], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert tool.returncode == 0, tool.stderr
+    assert session not in broker_users.leftovers()

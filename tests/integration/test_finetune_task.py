@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import re
 import signal
@@ -22,6 +23,7 @@ from report_helpers import headline_rows
 from splitlab.analysis.report import analyze_run
 from splitlab.config.load import save_resolved_config
 from splitlab.configure import compose_config, load_resolved_config
+from splitlab.control import broker_users
 from splitlab.control.embedded import EmbeddedBusServer
 from splitlab.control.membership import new_session_key_hex
 from splitlab.errors import ExitCode
@@ -134,15 +136,23 @@ def test_four_owners_two_workers_embedded(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.rabbitmq
-def test_four_owners_two_workers_rabbitmq(tmp_path: Path) -> None:
+def test_four_owners_two_workers_rabbitmq_as_node_users(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Over the broker with one broker user per node (control.node_users): the run trains
+    as with a shared login and leaves no vhost or user behind."""
     cfg = config(
         tmp_path, "architecture.owners=4", "architecture.workers=2",
-        "control=rabbitmq", "transport=rabbitmq",
+        "control=rabbitmq", "transport=rabbitmq", "control.node_users=true",
     )  # fmt: skip
+    before = broker_users.leftovers()
+    caplog.set_level(logging.INFO, logger="splitlab.launch.train")
 
     code = run_finetune(cfg)
 
     assert code == 0
+    assert "with 7 node users" in caplog.text
+    assert broker_users.leftovers() == before
     rows = list(csv.DictReader((Path(cfg.run_dir) / "metrics.csv").open()))
     assert len(rows) == 8
     assert_merged_loads_strictly(cfg, Path(cfg.run_dir), rounds=2)
