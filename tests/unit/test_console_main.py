@@ -17,8 +17,8 @@ from pathlib import Path
 out = Path(sys.argv[1])
 atexit.register(lambda: out.with_suffix(".atexit").write_text("ran"))
 if sys.argv[2] == "thread":
-    def late():
-        time.sleep(0.5)
+    def late():  # still running when the job ends, even on a loaded host
+        time.sleep(4.0)
         out.with_suffix(".thread").write_text("done")
     threading.Thread(target=late).start()
 sys.argv = ["splitlab", *sys.argv[3:]]
