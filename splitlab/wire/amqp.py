@@ -128,6 +128,7 @@ class AmqpTransport(Transport):
         try:
             conn = pika.BlockingConnection(self._params)
             self._consumer_conn = conn
+            consumers = []
             for lane in Lane:
                 ch = conn.channel()
                 ch.basic_qos(prefetch_count=self.queue_frames)
@@ -135,7 +136,9 @@ class AmqpTransport(Transport):
                 ch.queue_declare(name, arguments={"x-max-priority": MAX_AMQP_PRIORITY,
                                                   "x-expires": QUEUE_EXPIRES_MS})  # fmt: skip
                 ch.queue_purge(name)
-                ch.basic_consume(name, functools.partial(self._on_message, lane), auto_ack=False)
+                tag = ch.basic_consume(name, functools.partial(self._on_message, lane),
+                                       auto_ack=False)  # fmt: skip
+                consumers.append((ch, tag))
         except Exception as exc:  # surfaced by __init__
             self._error = exc
             self._ready.set()
@@ -144,6 +147,8 @@ class AmqpTransport(Transport):
         try:
             while not self._stop.is_set():
                 conn.process_data_events(time_limit=0.05)
+            for ch, tag in consumers:  # before the queues go: the broker would cancel them,
+                ch.basic_cancel(tag)  # and closing would cancel them again, with a warning
             for lane in Lane:
                 conn.channel().queue_delete(queue_name(self.session, self.peer_id, lane))
             conn.close()

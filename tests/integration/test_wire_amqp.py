@@ -5,6 +5,7 @@ SPLITLAB_REQUIRE_BROKER=1 .venv/bin/pytest tests/integration/test_wire_amqp.py -
 
 from __future__ import annotations
 
+import logging
 import sys
 import uuid
 from collections.abc import Iterator
@@ -81,3 +82,18 @@ def test_close_deletes_own_queues_only() -> None:
     finally:
         conn.close()
         b.close()
+
+
+def test_closing_cancels_its_consumers_without_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    session = f"test-{uuid.uuid4().hex[:8]}"
+    a, b = AmqpTransport("a", session=session), AmqpTransport("b", session=session)
+    a.connect("b", timeout_s=5)
+    a.send("b", Lane.ACTIVATION, "x", {"x": torch.ones(2)}).wait(5)
+    with b.recv(Lane.ACTIVATION, timeout_s=5):
+        pass
+    caplog.set_level(logging.WARNING)
+
+    a.close()
+    b.close()
+
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("pika")] == []
