@@ -288,6 +288,8 @@ def run_finetune(cfg: Config, *, preflighted: bool = False) -> int:
             if server is not None:
                 server.close()
             remove_broker_queues(cfg, session, nodes)
+    if group.exit_code != 0:  # said before the imports below (seconds when not yet warm)
+        log.error("fine-tuning failed: %s", group.diagnosis())
     warming.join()
     from splitlab.analysis.report import analyze_run
     from splitlab.analysis.result import FINAL_METRICS_FILE
@@ -296,9 +298,8 @@ def run_finetune(cfg: Config, *, preflighted: bool = False) -> int:
     from splitlab.train.checkpoint import checkpoint_bytes
     from splitlab.train.final_eval import evaluate_checkpoint
 
-    rows = write_round_outputs(run_dir)
+    rows = write_round_outputs(run_dir)  # the rounds done, failed run or not
     if group.exit_code != 0:
-        log.error("fine-tuning failed: %s", group.diagnosis())
         return group.exit_code
     if not rows:
         log.error("every node exited 0 but no owner traced a round")
