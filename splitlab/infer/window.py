@@ -127,6 +127,13 @@ def observe(drift: DriftSource | None, token: int) -> dict[str, float] | None:
     return Observation.from_dict(drift.observe(token)).to_dict()
 
 
+def host_kernel(drift: DriftSource | None) -> dict[str, Any] | None:
+    """The host's latest kernel figures when the drift source samples them (the live source
+    on a testbed host), for the window record; None elsewhere."""
+    kernel = getattr(drift, "kernel", None)
+    return dict(kernel) if kernel else None
+
+
 def _num_blocks(migrator: Migrator, stage: int) -> int:
     bounds = [0, *migrator.cuts, migrator.num_layers]
     return bounds[stage + 1] - bounds[stage]
@@ -241,7 +248,8 @@ class StageControl:
                   "ack_ms": (t_acked - t0) * 1e3, "reply_wait_ms": reply_wait_ms,
                   "gc_ms": GcClock.total_ms - gc0,
                   "n_acks": None, "aborted": aborted, "decision": propose.decision, "obs": obs,
-                  "cuts": list(self.migrator.cuts), "nack": isinstance(answer, Nack)}  # fmt: skip
+                  "cuts": list(self.migrator.cuts), "nack": isinstance(answer, Nack),
+                  "kernel": host_kernel(self.drift)}  # fmt: skip
         records: list[WindowRecord | MigrationRecord] = [WindowRecord(**record)]
         if not aborted:
             records += _migration_records(
@@ -370,7 +378,8 @@ class HeadControl:
                   "decision": decision.reason + (f"; aborted: {verdict.reason}" if aborted else ""),
                   "obs": {str(s): a.obs for s, a in answers.items() if isinstance(a, Ack)},
                   "stats": {str(s): a.stats for s, a in answers.items() if isinstance(a, Ack)},
-                  "cuts": list(migrator.cuts), "predicted_ms": list(decision.predicted_ms)}  # fmt: skip
+                  "cuts": list(migrator.cuts), "predicted_ms": list(decision.predicted_ms),
+                  "kernel": host_kernel(self.drift)}  # fmt: skip
         self.decisions.append(record)
         records: list[WindowRecord | MigrationRecord] = [WindowRecord(**record)]
         if not aborted:

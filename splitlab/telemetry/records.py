@@ -124,6 +124,9 @@ class WindowRecord(Record):
     reply_wait_ms: float | None = None
     gc_ms: float | None = None
     nack: bool | None = None
+    # this stage's testbed host as its kernel reported it last (drift=live on a testbed:
+    # `splitlab.drift.host_kernel`): link rate, bytes, drops, CPU quota, throttling
+    kernel: dict[str, Any] | None = None
 
 
 @register_record

@@ -37,11 +37,13 @@ def _records(run_dir, stage: int) -> list[dict]:
 
 @pytest.mark.testbed
 def test_ring_on_ring3_edge_matches_one_process_and_leaves_nothing(tmp_path) -> None:
-    # a 2 ms delay on dev1's link: the stages' paths to and from dev1 go through a delay line
+    # a 2 ms delay on dev1's link: the stages' paths to and from dev1 go through a delay line;
+    # the live drift source samples each host's kernel figures into its window records
     cfg = compose_config([
         "task=infer", "model=tiny_llama", "architecture.cuts=[1,3]", "testbed=ring3_edge",
         f"task.prompt_ids=[{','.join(map(str, PROMPT_IDS))}]", f"task.max_new_tokens={TOKENS}",
         "architecture.window=4", "testbed.links.dev1.delay_ms=2", "testbed.probe_s=0.3",
+        "drift=live",
     ])  # fmt: skip
     group, result = run_ring(cfg, run_dir=tmp_path, timeout_s=240)
     assert group.exit_code == 0, group.diagnosis()
@@ -59,6 +61,9 @@ def test_ring_on_ring3_edge_matches_one_process_and_leaves_nothing(tmp_path) -> 
         assert (meta["testbed_host"], meta["host"]) == (host, hosts[host]["address"])
         links = next(r for r in records if r["kind"] == "links")
         assert links["down"].split(":")[0] == hosts[f"dev{(i + 1) % 3}"]["address"]
+        windows = [r for r in records if r["kind"] == "window"]
+        assert windows and all(w["kernel"]["cpu_quota_cores"] == 0.5 for w in windows)
+        assert all(w["kernel"]["link_rate_mbit"] == 100.0 for w in windows)
         wire = next(r for r in records if r["kind"] == "transport")
         assert wire["activation.frames_sent"] > TOKENS  # per-frame counters reach the trace
         # every stage has a path to or from dev1, so every stage sends through a delay line
