@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from control_helpers import REPO, close_broker_connection
+from control_helpers import REPO, close_broker_connection, require_rabbitmqctl
 from tool_helpers import load_tool
 
 from splitlab.control import broker_users
@@ -31,11 +30,7 @@ _SESSION = re.compile(r"session (ft-[0-9a-f]+)")
 
 def _rabbitmqctl(*args: str) -> list[list[str]]:
     """Rows of a `rabbitmqctl ... -q` listing (tab-separated), header dropped."""
-    if shutil.which("rabbitmqctl") is None:
-        message = "rabbitmqctl is not on PATH (it comes with rabbitmq-server)"
-        if os.environ.get("SPLITLAB_REQUIRE_BROKER") == "1":
-            pytest.fail(message + " and SPLITLAB_REQUIRE_BROKER=1", pytrace=False)
-        pytest.skip(message)
+    require_rabbitmqctl()
     done = subprocess.run(["rabbitmqctl", *args, "-q"], capture_output=True, text=True,
                           timeout=60, check=True)  # fmt: skip
     rows = [line.split("\t") for line in done.stdout.splitlines() if line.strip()]
@@ -113,6 +108,7 @@ def test_a_killed_launcher_takes_its_nodes_with_it(tmp_path: Path) -> None:
     the session's vhost and users outlive the launcher until tools/broker_users.py removes
     them."""
     # Prepare: a long run over the broker, mid-way through its first rounds
+    require_rabbitmqctl()
     run_dir, log_path = tmp_path / "run", tmp_path / "run.log"
     proc = fm.launcher(run_dir, "control=rabbitmq", "control.node_users=true", "task.rounds=40",
                        log_path=log_path)  # fmt: skip

@@ -14,6 +14,7 @@ import pika
 import pika.exceptions
 import pytest
 import torch
+from control_helpers import require_rabbitmqctl
 
 from splitlab.control import broker_users
 from splitlab.control.messages import Abort, Plan
@@ -31,6 +32,7 @@ NODES = ["coordinator", "o0", "o1"]
 
 @pytest.fixture(scope="module")
 def session() -> Iterator[tuple[str, dict[str, str]]]:
+    require_rabbitmqctl()
     name = f"t{uuid.uuid4().hex[:10]}"
     logins = broker_users.create(URL, name, NODES, control_queue_args())
     try:
@@ -113,6 +115,7 @@ def test_the_tensor_transport_drops_frames_naming_another_peer(session) -> None:
 
 
 def test_remove_leaves_no_vhost_user_or_queue() -> None:
+    require_rabbitmqctl()
     name = f"t{uuid.uuid4().hex[:10]}"
     broker_users.create(URL, name, ["a", "b"], control_queue_args())
     assert sorted(broker_users.leftovers()[name]) == ["a", "b"]

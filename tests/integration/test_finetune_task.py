@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from control_helpers import require_rabbitmqctl
 from report_helpers import headline_rows
 
 from splitlab.analysis.report import analyze_run
@@ -145,6 +146,7 @@ def test_four_owners_two_workers_rabbitmq_as_node_users(
         tmp_path, "architecture.owners=4", "architecture.workers=2",
         "control=rabbitmq", "transport=rabbitmq", "control.node_users=true",
     )  # fmt: skip
+    require_rabbitmqctl()
     before = broker_users.leftovers()
     caplog.set_level(logging.INFO, logger="splitlab.launch.train")
 
