@@ -4,7 +4,7 @@ creates them): the names of a session's vhost and node users, the login a node r
 must carry (`sender_user`). Pure: no broker, no pika; the control bus and the tensor transport
 over RabbitMQ both check senders with it.
 
-    .venv/bin/pytest tests/unit/test_broker_users.py -q
+    .venv/bin/pytest tests/unit/test_broker_login.py -q
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Node users on RabbitMQ, the pure parts: definitions, password hashes, logins, who may
 send what (`splitlab.control.broker_users`, `splitlab.wire.broker_login`).
 
-    .venv/bin/pytest tests/unit/test_broker_users.py -q
+    .venv/bin/pytest tests/unit/test_broker_login.py -q
 """
 
 from __future__ import annotations
