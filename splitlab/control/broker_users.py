@@ -42,6 +42,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from splitlab.control.bus import queue_name
 from splitlab.errors import ConfigError, PeerLostError
 from splitlab.wire.broker_login import PREFIX, login, node_user, vhost, with_login
 
@@ -54,7 +55,7 @@ READY_TIMEOUT_S = 10.0  # the import is asynchronous: until every node user can 
 def own_queues(session: str, node_id: str) -> str:
     """The queue names `node_id` may configure and read: its control queue
     (`splitlab.control.bus.queue_name`) and its transport lanes (`splitlab.wire.amqp`)."""
-    return f"^{re.escape(node_user(session, node_id))}(\\.[a-z]+)?$"
+    return f"^{re.escape(queue_name(session, node_id))}(\\.[a-z]+)?$"
 
 
 def password_hash(password: str, salt: bytes) -> str:
@@ -77,7 +78,7 @@ def definitions(
         mine = own_queues(session, node)
         permissions.append({"user": user, "vhost": host, "configure": mine,
                             "write": "^amq\\.default$", "read": mine})  # fmt: skip
-        queues.append({"name": node_user(session, node), "vhost": host, "durable": False,
+        queues.append({"name": queue_name(session, node), "vhost": host, "durable": False,
                        "auto_delete": False, "arguments": dict(queue_args)})  # fmt: skip
     return {"vhosts": [{"name": host}], "users": users, "permissions": permissions,
             "queues": queues}  # fmt: skip
@@ -160,7 +161,7 @@ def _wait_ready(url: str, session: str, logins: Mapping[str, str]) -> None:
             try:
                 conn = pika.BlockingConnection(params)
                 try:
-                    conn.channel().queue_declare(node_user(session, node), passive=True)
+                    conn.channel().queue_declare(queue_name(session, node), passive=True)
                 finally:
                     conn.close()
                 break
