@@ -10,6 +10,7 @@ Run as a script it is the node process of the restart test:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -102,16 +103,24 @@ def open_buses(kind: str) -> Iterator[BusFactory]:
         factory.teardown()
 
 
+@functools.cache
+def _rabbitmqctl_problem() -> str | None:
+    """Why `rabbitmqctl` cannot administer the local broker, or None (asked once: each call
+    starts an Erlang VM, ~1 s)."""
+    ctl = shutil.which("rabbitmqctl")
+    if ctl is None:
+        return "rabbitmqctl is not installed (it comes with rabbitmq-server)"
+    done = subprocess.run([ctl, "-q", "list_vhosts"], capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+    if done.returncode != 0:
+        return f"rabbitmqctl cannot administer the broker: {done.stderr.strip()[-200:]}"
+    return None
+
+
 def require_rabbitmqctl() -> None:
     """Skip unless `rabbitmqctl` can administer the local broker (node users, closing
     connections: root or the rabbitmq user); fail instead under SPLITLAB_REQUIRE_BROKER=1."""
-    ctl = shutil.which("rabbitmqctl")
-    problem = None if ctl else "rabbitmqctl is not installed (it comes with rabbitmq-server)"
-    if ctl is not None:
-        done = subprocess.run([ctl, "-q", "list_vhosts"], capture_output=True, text=True,
-                              timeout=60, check=False)  # fmt: skip
-        if done.returncode != 0:
-            problem = f"rabbitmqctl cannot administer the broker: {done.stderr.strip()[-200:]}"
+    problem = _rabbitmqctl_problem()
     if problem is None:
         return
     if os.environ.get("SPLITLAB_REQUIRE_BROKER") == "1":  # CI runs as root with the broker
