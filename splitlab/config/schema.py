@@ -363,6 +363,7 @@ class TestbedConfig:
     )  # loopback ports (broker) hosts reach at the root address
     probe_s: float = 0.5  # bulk-throughput probe per link direction at start-up (s)
     probe_tolerance: float = 0.1  # refuse to start when a probed rate is further off (fraction)
+    probe_attempts: int = 3  # probes of a direction that reads off nominal before refusing
 
 
 # --- logger -------------------------------------------------------------------------------

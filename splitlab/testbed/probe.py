@@ -6,6 +6,12 @@ namespace, `down` the other way, each for `probe_s` seconds; the receiver counts
 that arrive after a short warm-up (which the token bucket's initial burst would inflate).
 Throughput is TCP goodput, so it reads a few percent under the nominal rate (headers).
 `judge` refuses a testbed whose probed rate is further from nominal than the tolerance.
+A direction that reads too low is probed again, up to `probe_attempts` times in all, and
+keeps the reading closest to nominal: on a loaded host the probe's own threads can be starved
+(a 20 Mbit/s link read 14.9 once in CI, 2 cores busy), which reads low on one try, while a
+link shaped too slow reads low on every try and is still refused. A reading too high is
+refused at once: load cannot speed a link up, and a bucket too deep (a burst that lets the
+first megabytes through unshaped) drains in the first probe and would read right on a second.
 
 The RTT is probed twice: over the bare kernel path (`wire_rtt_ms`: veths and a bridge, tens
 of microseconds, since this kernel has no netem to delay it) and through the link's delay
@@ -24,7 +30,8 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 
 from splitlab.testbed.netns import TestbedError, in_netns
 from splitlab.testbed.topology import Layout, Topology
@@ -41,6 +48,7 @@ class DirectionProbe:
     direction: str  # up: host -> switch, down: switch -> host
     nominal_mbit: float
     measured_mbit: float
+    attempts: int = 1
 
     @property
     def off(self) -> float:
@@ -49,7 +57,8 @@ class DirectionProbe:
 
     def to_dict(self) -> dict[str, float | str]:
         return {"host": self.host, "direction": self.direction, "nominal_mbit": self.nominal_mbit,
-                "measured_mbit": round(self.measured_mbit, 3), "off": round(self.off, 4)}  # fmt: skip
+                "measured_mbit": round(self.measured_mbit, 3), "off": round(self.off, 4),
+                "attempts": self.attempts}  # fmt: skip
 
 
 def goodput_mbit(marks: list[tuple[float, int]], warm_s: float) -> float:
@@ -189,6 +198,22 @@ def probe_rtt(*, client_ns: str, server_host: str, delay_ms: float, jitter_ms: f
     return RttProbe(wire_rtt_ms=wire, rtt_ms=through, delay_source=DELAY_SOURCE)
 
 
+def probe_direction(measure: Callable[[], float], *, host: str, direction: str, nominal: float,
+                    tolerance: float, attempts: int) -> DirectionProbe:  # fmt: skip
+    """Measure until a reading is within `tolerance` of `nominal`, above it, or `attempts` are
+    spent; the reading closest to nominal stands (see module docstring)."""
+    best: DirectionProbe | None = None
+    for n in range(1, attempts + 1):
+        got = DirectionProbe(host=host, direction=direction, nominal_mbit=nominal,
+                             measured_mbit=measure(), attempts=n)  # fmt: skip
+        if best is None or got.off < best.off:
+            best = got
+        if got.off <= tolerance or got.measured_mbit > nominal:
+            break
+    assert best is not None
+    return replace(best, attempts=n)
+
+
 def probe_links(
     topology: Topology, layout: Layout
 ) -> tuple[list[DirectionProbe], dict[str, RttProbe]]:
@@ -202,11 +227,12 @@ def probe_links(
             if nominal <= 0:
                 continue
             if direction == "up":
-                got = bulk_mbit(recv_ns=None, send_ns=ns, recv_host=layout.root_address,
-                                duration_s=topology.probe_s)  # fmt: skip
+                measure = partial(bulk_mbit, recv_ns=None, send_ns=ns,
+                                  recv_host=layout.root_address, duration_s=topology.probe_s)  # fmt: skip
             else:
-                got = bulk_mbit(recv_ns=ns, send_ns=None, recv_host=layout.address(host),
-                                duration_s=topology.probe_s)  # fmt: skip
-            probes.append(DirectionProbe(host=host, direction=direction, nominal_mbit=nominal,
-                                         measured_mbit=got))  # fmt: skip
+                measure = partial(bulk_mbit, recv_ns=ns, send_ns=None,
+                                  recv_host=layout.address(host), duration_s=topology.probe_s)  # fmt: skip
+            probes.append(probe_direction(measure, host=host, direction=direction, nominal=nominal,
+                                          tolerance=topology.probe_tolerance,
+                                          attempts=topology.probe_attempts))  # fmt: skip
     return probes, rtts

@@ -54,6 +54,7 @@ class Topology:
     root_ports: tuple[int, ...] = ()  # loopback ports relayed to the root address
     probe_s: float = 0.5
     probe_tolerance: float = 0.1
+    probe_attempts: int = 3
 
     @property
     def empty(self) -> bool:
@@ -134,9 +135,12 @@ def topology_from_config(cfg: TestbedConfig) -> Topology:
     if not 0 < cfg.probe_tolerance < 1:
         raise ConfigError(f"testbed.probe_tolerance={cfg.probe_tolerance} must be in (0, 1)")
     _positive("testbed.probe_s", cfg.probe_s)
+    if cfg.probe_attempts < 1:
+        raise ConfigError(f"testbed.probe_attempts={cfg.probe_attempts} must be at least 1")
     return Topology(name=cfg.name, hosts=dict(cfg.hosts), links=links, placement=placement,
                     root_ports=tuple(cfg.root_ports), probe_s=cfg.probe_s,
-                    probe_tolerance=cfg.probe_tolerance)  # fmt: skip
+                    probe_tolerance=cfg.probe_tolerance,
+                    probe_attempts=cfg.probe_attempts)  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)

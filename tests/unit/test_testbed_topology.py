@@ -18,7 +18,7 @@ from splitlab.testbed.cgroup import quota_us
 from splitlab.testbed.netns import missing_privileges
 from splitlab.testbed.pair import pair_hosts
 from splitlab.testbed.plan import setup_commands, shape_command, tbf_for
-from splitlab.testbed.probe import DirectionProbe, goodput_mbit, judge
+from splitlab.testbed.probe import DirectionProbe, goodput_mbit, judge, probe_direction
 from splitlab.testbed.session import host_command
 from splitlab.testbed.topology import (
     Layout,
@@ -186,6 +186,21 @@ def test_judge_names_each_link_off_by_more_than_the_tolerance() -> None:
               DirectionProbe(host="edge2", direction="down", nominal_mbit=20, measured_mbit=17.0)]  # fmt: skip
     bad = judge(probes, 0.1)
     assert len(bad) == 1 and "link edge2 (down)" in bad[0] and "15% off" in bad[0]
+
+
+def test_a_direction_reading_low_is_probed_again_and_keeps_the_closest_reading() -> None:
+    def readings(*values: float):
+        it = iter(values)
+        return lambda: next(it)
+
+    kw = {"host": "edge1", "direction": "up", "nominal": 20.0, "tolerance": 0.1, "attempts": 3}
+    starved = probe_direction(readings(14.9, 19.2), **kw)  # a loaded host: low once, then fine
+    assert (starved.measured_mbit, starved.attempts, starved.off <= 0.1) == (19.2, 2, True)
+    too_slow = probe_direction(readings(10.0, 12.0, 11.0), **kw)  # low on every try: refused
+    assert (too_slow.measured_mbit, too_slow.attempts) == (12.0, 3) and judge([too_slow], 0.1)
+    too_fast = probe_direction(readings(40.0, 20.0), **kw)  # load cannot speed a link up
+    assert (too_fast.measured_mbit, too_fast.attempts) == (40.0, 1) and judge([too_fast], 0.1)
+    assert probe_direction(readings(19.5), **kw).attempts == 1
 
 
 def test_missing_privileges_names_the_capabilities() -> None:
