@@ -10,11 +10,18 @@ depth {lower: the front -> body cut after block 1, upper: the body -> tail cut a
 of blocks 0..5} x residual {keep, drop}. Both cuts exist in every run (front = blocks 0-1,
 body = 2-4, tail = 5 + head); only the studied one is compressed.
 
+`--factors two,three` runs every low-rank arm in both forms of the SVD (`finetune.sft.factors`:
+two = S V on the sender, U on the receiver; three = V on the sender, a trainable S then U on the
+receiver; three-factor arms are labelled `.../3f`); `--arms`, `--ranks` and `--epochs` narrow
+or lengthen the grid (the baseline always runs).
+
 Writes RUN_DIR/sft_rank.csv, sft_rank.md (the table, both rewritten after every run) and
 sft_rank.png; `splitlab task=analyze task.run_dir=RUN_DIR` redraws the figure with report.html.
 
     .venv/bin/python experiments/sft_rank/run.py --out outputs/sft_rank        # ~10 min, 2 cores
     .venv/bin/python experiments/sft_rank/run.py --quick --out /tmp/sft_quick  # ~1 min
+    .venv/bin/python experiments/sft_rank/run.py --out /tmp/sft_3f --arms upper/drop,upper/keep \
+        --ranks 8 --factors two,three                                          # ~3 min
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import argparse
 import copy
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -42,6 +49,7 @@ from splitlab.config.enums import (
     ModelSource,
     ResidualMode,
     SftCut,
+    SftFactors,
     TaskKind,
 )
 from splitlab.config.schema import DataConfig, ModelConfig, SftConfig
@@ -84,13 +92,21 @@ FULL = Study(samples=1024, val_samples=512, epochs=1, batch_size=16, ranks=(1, 8
 QUICK = Study(samples=64, val_samples=32, epochs=1, batch_size=16, ranks=(8,))
 
 
-def runs(study: Study) -> list[tuple[str, SftConfig]]:
+def runs(study: Study, *, factors: tuple[SftFactors, ...] = (SftFactors.two,),
+         arms: tuple[str, ...] = ()) -> list[tuple[str, SftConfig]]:  # fmt: skip
+    """The baseline, then every (depth, residual, rank, form) arm whose `depth/residual` is in
+    `arms` (all when empty)."""
     grid = [("baseline", SftConfig(enabled=False))]
     for depth, cuts in DEPTHS.items():
         for residual in (ResidualMode.keep, ResidualMode.drop):
+            arm = f"{depth}/{residual.value}"
+            if arms and arm not in arms:
+                continue
             for rank in study.ranks:
-                cfg = SftConfig(enabled=True, rank=rank, residual=residual, cuts=cuts)
-                grid.append((f"{depth}/{residual.value}", cfg))
+                for form in factors:
+                    cfg = SftConfig(enabled=True, rank=rank, residual=residual, cuts=cuts,
+                                    factors=form)  # fmt: skip
+                    grid.append((arm if form is SftFactors.two else f"{arm}/3f", cfg))
     return grid
 
 
@@ -147,9 +163,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="run folder")
     parser.add_argument("--quick", action="store_true", help="a tiny grid for tests")
+    parser.add_argument("--factors", default="two", help="SVD forms, comma-separated: two,three")
+    parser.add_argument("--arms", default="", help="depth/residual arms, e.g. upper/drop (all)")
+    parser.add_argument("--ranks", default="", help="ranks, comma-separated (the study's)")
+    parser.add_argument("--epochs", type=int, default=0, help="passes over the data (the study's)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[sft_rank] %(message)s")
     study = QUICK if args.quick else FULL
+    try:
+        factors = tuple(SftFactors(f) for f in args.factors.split(","))
+    except ValueError:
+        parser.error(f"--factors={args.factors}: each must be one of two, three")
+    arms = tuple(a for a in args.arms.split(",") if a)
+    known = [f"{d}/{r.value}" for d in DEPTHS for r in ResidualMode]
+    if bad := [a for a in arms if a not in known]:
+        parser.error(f"--arms: {bad} not among {known}")
+    if args.ranks:
+        study = replace(study, ranks=tuple(int(r) for r in args.ranks.split(",")))
+    if args.epochs:
+        study = replace(study, epochs=args.epochs)
     args.out.mkdir(parents=True, exist_ok=True)
     model_cfg = ModelConfig(
         name="minilm", family="bert", source=ModelSource.packaged, id="minilm",
@@ -170,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     val = list(val_shard.batches(64, seed=0, bucket=False))
     rows = []
-    for label, sft in runs(study):
+    for label, sft in runs(study, factors=factors, arms=arms):
         row = {
             "label": label,
             "depth": "-"
@@ -178,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             else next(d for d, c in DEPTHS.items() if c is sft.cuts),
             "residual": sft.residual.value if sft.enabled else "-",
             "rank": sft.rank if sft.enabled else HIDDEN,
+            "factors": sft.factors.value if sft.enabled else "-",
             **run_one(base, sft, train, val, study),
         }
         LOG.info("%s R=%s: accuracy %.4f, %.0f B/step at the cut, %.1f s", label, row["rank"],

@@ -71,6 +71,13 @@ class ResidualMode(str, Enum):
     drop = "drop"
 
 
+class SftFactors(str, Enum):
+    """How a low-rank cut holds the truncated SVD W ~ U_R S_R V_R (`splitlab.models.lowrank`)."""
+
+    two = "two"  # sender S_R V_R, receiver U_R
+    three = "three"  # sender V_R, receiver S_R (a trainable vector) then U_R
+
+
 class SftCut(str, Enum):
     front = "front"  # the front -> body boundary
     tail = "tail"  # the body -> tail boundary

@@ -25,6 +25,7 @@ from splitlab.config.enums import (
     Objective,
     ResidualMode,
     SftCut,
+    SftFactors,
     TaskKind,
     TaskName,
 )
@@ -224,6 +225,7 @@ class SftConfig:
     rank: int = 8  # R: width of the code that crosses the wire
     residual: ResidualMode = ResidualMode.keep  # keep (residual stream crosses too) or drop
     cuts: SftCut = SftCut.front  # front (front -> body), tail (body -> tail) or both
+    factors: SftFactors = SftFactors.two  # two (S V | U) or three (V | S, U: S on the receiver)
 
 
 @dataclass

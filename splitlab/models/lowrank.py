@@ -8,6 +8,12 @@ float64, then cast to W's dtype):
   **code** that crosses the wire at a cut;
 - `lowrank_out` (`LowRankOut`, R -> F, with W's bias): weight U_R.
 
+With `factors=three` (the paper's u, Sigma, v form) S_R is a factor of its own: `lowrank_in`
+holds V_R (orthonormal rows, so the code is x's coordinates in the top singular directions) and
+`lowrank_out` a trainable vector `sigma` = S_R applied to the code before U_R, so the scale
+trains on the receiver. Both forms compute the same function at initialisation; they differ in
+what the gradient moves (the code's scale and the factors' conditioning).
+
 At R = min(F, H) the product reproduces W (fp32 up to rounding). GPT-2's `mlp.c_fc` is a
 Conv1D (weight stored H x F); it is handled as its transpose. Llama/Qwen2's gated MLP stacks
 `gate_proj` and `up_proj` (2F x H) before the SVD, so one R-dim code feeds both (R values per
@@ -17,6 +23,7 @@ State dict keys (the rest of the model keeps the upstream keys):
 
     BERT   bert.encoder.layer.N.intermediate.dense.lowrank_in.weight        R x H
            bert.encoder.layer.N.intermediate.dense.lowrank_out.{weight,bias} F x R, F
+           (three factors: also ...lowrank_out.sigma                         R)
     GPT-2  transformer.h.N.mlp.c_fc.lowrank_in.weight                       R x H
            transformer.h.N.mlp.c_fc.lowrank_out.{weight,bias}               F x R, F
     Llama  model.layers.N.mlp.gate_proj.lowrank_in.weight                   R x H
@@ -46,6 +53,7 @@ import torch
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
+from splitlab.config.enums import SftFactors
 from splitlab.errors import ConfigError
 from splitlab.models.families import FamilyAdapter, family_for_model
 from splitlab.models.parts import LOWRANK_IN, LOWRANK_OUT
@@ -60,12 +68,23 @@ class LowRankIn(nn.Linear):
 
 
 class LowRankOut(nn.Linear):
-    """R -> sum(splits), with the original bias: U_R. `splits` are the original projections'
-    output widths (Llama: (F, F) for gate and up)."""
+    """R -> sum(splits), with the original bias: U_R, after a trainable per-rank scale `sigma`
+    (S_R) in the three-factor form. `splits` are the original projections' output widths
+    (Llama: (F, F) for gate and up)."""
 
-    def __init__(self, rank: int, splits: tuple[int, ...], *, bias: bool, **factory: object):
+    def __init__(self, rank: int, splits: tuple[int, ...], *, bias: bool, sigma: bool = False,
+                 **factory: object) -> None:  # fmt: skip
         super().__init__(rank, sum(splits), bias=bias, **factory)
         self.splits = tuple(splits)
+        sigma_r = nn.Parameter(torch.ones(rank, **factory)) if sigma else None  # type: ignore[arg-type]
+        self.register_parameter("sigma", sigma_r)
+
+    def forward(self, code: torch.Tensor) -> torch.Tensor:
+        return super().forward(code if self.sigma is None else code * self.sigma)
+
+    def dense_weight(self) -> torch.Tensor:
+        """U_R (times S_R in the three-factor form): what multiplies `lowrank_in`'s output."""
+        return self.weight if self.sigma is None else self.weight * self.sigma
 
 
 class LowRankLinear(nn.Module):
@@ -115,9 +134,15 @@ def _weight_and_bias(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | No
 
 
 def decompose(
-    model: nn.Module, block: int, rank: int, *, adapter: FamilyAdapter | None = None
+    model: nn.Module,
+    block: int,
+    rank: int,
+    *,
+    adapter: FamilyAdapter | None = None,
+    factors: SftFactors | str = SftFactors.two,
 ) -> LowRankLinear:
-    """Replace block `block`'s first FFN projection(s) with their rank-`rank` SVD, in place.
+    """Replace block `block`'s first FFN projection(s) with their rank-`rank` SVD, in place,
+    in the two- or three-factor form (module docstring).
 
     Raises:
         ConfigError: naming `finetune.sft.rank` when R is outside [1, min(F, H)], or the block
@@ -142,9 +167,14 @@ def decompose(
     splits = tuple(w.shape[0] for w, _, _ in parts)
     has_bias = any(b is not None for _, b, _ in parts)
     lowrank_in = LowRankIn(weight.shape[1], rank, **factory)
-    lowrank_out = LowRankOut(rank, splits, bias=has_bias, **factory)
+    three = SftFactors(factors) is SftFactors.three
+    lowrank_out = LowRankOut(rank, splits, bias=has_bias, sigma=three, **factory)
     with torch.no_grad():
-        lowrank_in.weight.copy_(s[:rank, None] * vh[:rank])
+        if three:
+            lowrank_in.weight.copy_(vh[:rank])
+            lowrank_out.sigma.copy_(s[:rank])
+        else:
+            lowrank_in.weight.copy_(s[:rank, None] * vh[:rank])
         lowrank_out.weight.copy_(u[:, :rank])
         if has_bias:
             biases = [b if b is not None else weight.new_zeros(w.shape[0]) for w, b, _ in parts]
@@ -162,7 +192,7 @@ def decompose_plan(
     """Decompose every block the plan cuts at (`splitlab.models.plan.with_lowrank_cuts`)."""
     adapter = adapter or family_for_model(model)
     return {
-        cut.block: decompose(model, cut.block, cut.rank, adapter=adapter)
+        cut.block: decompose(model, cut.block, cut.rank, adapter=adapter, factors=cut.factors)
         for cut in lowrank_cuts(plan)
     }
 
@@ -179,7 +209,7 @@ def decomposed_blocks(model: nn.Module) -> dict[str, LowRankLinear]:
 
 
 def _merged(owner: LowRankLinear) -> list[nn.Module]:
-    weight = owner.lowrank_out.weight @ owner.lowrank_in.weight  # (sum F) x H
+    weight = owner.lowrank_out.dense_weight() @ owner.lowrank_in.weight  # (sum F) x H
     bias = owner.lowrank_out.bias
     modules: list[nn.Module] = []
     offset = 0
@@ -207,7 +237,8 @@ def _merged(owner: LowRankLinear) -> list[nn.Module]:
 def merge_lowrank(model: nn.Module, *, adapter: FamilyAdapter | None = None) -> nn.Module:
     """Fold every decomposition back into dense projections (original types and keys), in place.
 
-    The merged weight is U_R S_R V_R as trained, so a rank-R cut merges to a rank-R matrix.
+    The merged weight is U_R S_R V_R as trained (either form), so a rank-R cut merges to a
+    rank-R matrix.
     """
     adapter = adapter or family_for_model(model)
     for path, owner in decomposed_blocks(model).items():
@@ -221,7 +252,8 @@ def merge_lowrank(model: nn.Module, *, adapter: FamilyAdapter | None = None) -> 
 def merged_state_dict(
     state_dict: Mapping[str, torch.Tensor], *, adapter: FamilyAdapter
 ) -> dict[str, torch.Tensor]:
-    """A state dict with every `lowrank_in`/`lowrank_out` pair folded to the original keys."""
+    """A state dict with every `lowrank_in`/`lowrank_out` pair (and `sigma`, three factors)
+    folded to the original keys."""
     first = adapter.ffn_in_paths[0]
     suffix = f".{first}.{LOWRANK_IN}.weight"
     out = {k: v for k, v in state_dict.items() if f".{LOWRANK_IN}." not in k}
@@ -231,7 +263,9 @@ def merged_state_dict(
             continue
         block_path = key[: -len(suffix)]
         prefix = f"{block_path}.{first}.{LOWRANK_OUT}"
-        weight = state_dict[f"{prefix}.weight"] @ state_dict[key]
+        out_weight = state_dict[f"{prefix}.weight"]
+        sigma = state_dict.get(f"{prefix}.sigma")
+        weight = (out_weight if sigma is None else out_weight * sigma) @ state_dict[key]
         bias = state_dict.get(f"{prefix}.bias")
         chunks = weight.chunk(len(adapter.ffn_in_paths), dim=0)
         biases = bias.chunk(len(chunks)) if bias is not None else [None] * len(chunks)

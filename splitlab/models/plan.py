@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from splitlab.config.enums import ResidualMode, SftCut
+from splitlab.config.enums import ResidualMode, SftCut, SftFactors
 from splitlab.errors import ConfigError
 
 
@@ -29,11 +29,14 @@ class CutSpec:
         rank: R, the width of the code that crosses the wire.
         residual: keep (the residual stream crosses too) or drop (the FFN's residual add is
             removed, as in the SFT paper).
+        factors: two (the sender holds S_R V_R) or three (the sender holds V_R, the receiver
+            a trainable S_R before U_R).
     """
 
     block: int
     rank: int
     residual: ResidualMode = ResidualMode.drop
+    factors: SftFactors = SftFactors.two
 
     def __post_init__(self) -> None:
         assert self.block >= 0 and self.rank >= 1, (self.block, self.rank)
@@ -115,6 +118,7 @@ def with_lowrank_cuts(
     rank: int,
     residual: ResidualMode | str = ResidualMode.drop,
     cuts: SftCut | str = SftCut.front,
+    factors: SftFactors | str = SftFactors.two,
 ) -> PartitionPlan:
     """`plan` with low-rank cuts: front -> body at block `cut_layers - 1`, body -> tail at the
     body's last block (U-shape only), or both.
@@ -126,7 +130,7 @@ def with_lowrank_cuts(
     if rank < 1:
         raise ConfigError(f"finetune.sft.rank={rank}: must be >= 1")
     which = SftCut(cuts)
-    residual = ResidualMode(residual)
+    residual, factors = ResidualMode(residual), SftFactors(factors)
     front, body, tail = plan.front, plan.body, plan.tail
     if which in (SftCut.front, SftCut.both):
         if front.num_blocks < 1:
@@ -134,7 +138,7 @@ def with_lowrank_cuts(
                 f"finetune.sft.cuts={which.value} needs architecture.cut_layers >= 1: the front "
                 "must own the block whose FFN is decomposed"
             )
-        cut = CutSpec(front.stop - 1, rank, residual)
+        cut = CutSpec(front.stop - 1, rank, residual, factors)
         front, body = replace(front, code_out=cut), replace(body, code_in=cut)
     if which in (SftCut.tail, SftCut.both):
         if tail is None:
@@ -142,7 +146,7 @@ def with_lowrank_cuts(
                 f"finetune.sft.cuts={which.value}: a two-stage plan has no body -> tail cut "
                 "(use cuts=front)"
             )
-        cut = CutSpec(body.stop - 1, rank, residual)
+        cut = CutSpec(body.stop - 1, rank, residual, factors)
         body, tail = replace(body, code_out=cut), replace(tail, code_in=cut)
     return PartitionPlan(num_layers=plan.num_layers, front=front, body=body, tail=tail)
 

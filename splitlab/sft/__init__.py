@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from splitlab.config.enums import ResidualMode, SftCut
+from splitlab.config.enums import ResidualMode, SftCut, SftFactors
 from splitlab.models.families import family_for_model
 from splitlab.sft.cloud import serve
 from splitlab.sft.edge import SFTOptimizer, SplitModel, SplitOutput
@@ -50,6 +50,7 @@ def split(
     residual: ResidualMode | str = ResidualMode.drop,
     cuts: SftCut | str = SftCut.front,
     tail_blocks: int | None = None,
+    factors: SftFactors | str = SftFactors.two,
     session: str = "sft",
     bind_host: str = "127.0.0.1",
     timeout_s: float = 120.0,
@@ -65,6 +66,8 @@ def split(
         residual: keep (the residual stream crosses too) or drop (paper).
         cuts: front, tail or both (tail and both need `tail_blocks`).
         tail_blocks: U-shape tail size on the edge; None = the cloud owns the head.
+        factors: two (S V on the sender) or three (V on the sender, a trainable S on the
+            receiver; see `splitlab.models.lowrank`).
 
     Raises:
         ConfigError: a bad split, or the cloud's model disagrees.
@@ -78,6 +81,7 @@ def split(
         residual=ResidualMode(residual).value,
         cuts=SftCut(cuts).value,
         tail_blocks=tail_blocks,
+        factors=SftFactors(factors).value,
     )
     spec.plan()  # validate before connecting
     transport = TcpTransport(EDGE, key=key, session=session, bind_host=bind_host)

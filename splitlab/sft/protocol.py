@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from splitlab.config.enums import ResidualMode, SftCut
+from splitlab.config.enums import ResidualMode, SftCut, SftFactors
 from splitlab.errors import ConfigError
 from splitlab.models.plan import (
     PartitionPlan,
@@ -55,6 +55,8 @@ class SplitSpec:
         tail_blocks: U-shape: the edge keeps the last `tail_blocks` blocks and the head, so
             labels and logits never leave it; None = the cloud runs to the head and returns
             logits (the loss is still computed on the edge).
+        factors: two or three (three: the receiver holds a trainable S_R, which crosses in
+            sft.hello with the other factors).
     """
 
     family: str
@@ -64,6 +66,7 @@ class SplitSpec:
     residual: str = ResidualMode.drop.value
     cuts: str = SftCut.front.value
     tail_blocks: int | None = None
+    factors: str = SftFactors.two.value
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,4 +94,5 @@ class SplitSpec:
             )
         if self.rank is None:
             return plan
-        return with_lowrank_cuts(plan, rank=self.rank, residual=self.residual, cuts=self.cuts)
+        return with_lowrank_cuts(plan, rank=self.rank, residual=self.residual, cuts=self.cuts,
+                                 factors=self.factors)  # fmt: skip

@@ -24,7 +24,8 @@ def sft_plan(plan: PartitionPlan, sft: SftConfig) -> PartitionPlan:
     """`plan` with the low-rank cuts `sft` asks for (unchanged when `sft.enabled` is false)."""
     if not sft.enabled:
         return plan
-    return with_lowrank_cuts(plan, rank=sft.rank, residual=sft.residual, cuts=sft.cuts)
+    return with_lowrank_cuts(plan, rank=sft.rank, residual=sft.residual, cuts=sft.cuts,
+                             factors=sft.factors)  # fmt: skip
 
 
 def build_training_parts(

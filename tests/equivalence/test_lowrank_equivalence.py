@@ -25,7 +25,7 @@ from model_helpers import (
 )
 from peft import LoraConfig, inject_adapter_in_model
 
-from splitlab.config.enums import ResidualMode
+from splitlab.config.enums import ResidualMode, SftFactors
 from splitlab.models.families import INPUT_IDS, PAD_MASK
 from splitlab.models.lowrank import (
     LowRankLinear,
@@ -289,3 +289,58 @@ def test_lora_on_a_low_rank_split_matches_unsplit(family: str) -> None:
     assert any("lora_" in n for n in trained) and any("lowrank_" in n for n in trained)
     for name in trained:
         torch.testing.assert_close(got_grads[name], ref_grads[name])
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2", "llama"])
+def test_three_factor_form_computes_the_two_factor_function_with_sigma_trainable(
+    family: str,
+) -> None:
+    adapter = adapter_of(family)
+    model = tiny_model(family)
+    two, three, full = twin(model), twin(model), twin(model)
+    decompose(two, 1, 5, adapter=adapter)
+    owner = decompose(three, 1, 5, adapter=adapter, factors=SftFactors.three)
+    decompose(full, 1, FULL_RANK, adapter=adapter, factors="three")
+    batch = padded_batch(family)
+
+    # Same function at initialisation (truncated), the original model at full rank.
+    torch.testing.assert_close(
+        run_unsplit(three, adapter, batch)[0], run_unsplit(two, adapter, batch)[0]
+    )
+    torch.testing.assert_close(
+        run_unsplit(full, adapter, batch)[0], run_unsplit(model, adapter, batch)[0]
+    )
+    # The sender holds V_R (orthonormal rows), the receiver S_R, descending, and it trains.
+    v = owner.lowrank_in.weight.detach()
+    torch.testing.assert_close(v @ v.t(), torch.eye(5), atol=1e-5, rtol=0)
+    sigma = owner.lowrank_out.sigma
+    assert sigma.grad is not None and sigma.grad.abs().sum() > 0
+    assert torch.all(sigma.detach()[:-1] >= sigma.detach()[1:])
+    # Merging folds sigma in: the full-rank three-factor model merges back to the original.
+    folded = merged_state_dict(full.state_dict(), adapter=adapter)
+    assert not any(".sigma" in k for k in folded) and folded.keys() == model.state_dict().keys()
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(folded[key], value, msg=lambda m, k=key: f"{k}: {m}")
+    merged = merge_lowrank(full, adapter=adapter).state_dict()
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(merged[key], value, msg=lambda m, k=key: f"{k}: {m}")
+
+
+@pytest.mark.parametrize("residual", ["keep", "drop"])
+@pytest.mark.parametrize("family", ["bert", "gpt2", "llama"])
+def test_three_factor_u_shape_cut_matches_unsplit_and_sigma_sits_on_the_receiver(
+    family: str, residual: str
+) -> None:
+    plan = with_lowrank_cuts(u_shape_plan(num_layers=4, cut_layers=1, tail_blocks=1), rank=5,
+                             residual=residual, cuts="both", factors="three")  # fmt: skip
+    assert_split_matches_whole(family, plan)
+
+    adapter = adapter_of(family)
+    model = tiny_model(family)
+    decompose_plan(model, plan, adapter=adapter)
+    front, body, tail = build_parts(model, plan, adapter=adapter)
+    first = adapter.ffn_in_paths[0]
+    front_sigma = f"{adapter.block_path(0)}.{first}.lowrank_out.sigma"  # front -> body cut
+    tail_sigma = f"{adapter.block_path(2)}.{first}.lowrank_out.sigma"  # body -> tail cut
+    assert front_sigma in body.state_dict() and front_sigma not in front.state_dict()
+    assert tail_sigma in tail.state_dict() and tail_sigma not in body.state_dict()

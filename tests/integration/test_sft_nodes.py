@@ -2,7 +2,7 @@
 real processes over loopback TCP and the embedded bus, one round, for BERT, GPT-2 and Llama.
 
 Each run's checkpoint holds the trained factors under their own keys (`...lowrank_in.weight`,
-`...lowrank_out.*`), FedAvg'd like every other trained tensor, and loads strictly into the
+`...lowrank_out.*`, and `...lowrank_out.sigma` in the three-factor form), FedAvg'd like every other trained tensor, and loads strictly into the
 model the same config builds (`checkpoint_model`). Bytes on the front -> body lane, read from
 the owner's transport counters in its trace, drop against the same run without the cut.
 
@@ -55,9 +55,11 @@ def owner_counters(run_dir: Path) -> dict[str, int]:
 
 @pytest.mark.slow
 @pytest.mark.assets
-@pytest.mark.parametrize("model", sorted(FAMILIES))
-def test_sft_nodes_train_and_checkpoint_the_factors(tmp_path: Path, model: str) -> None:
-    cfg, run_dir = run(tmp_path, "sft", *FAMILIES[model], *SFT)
+@pytest.mark.parametrize(
+    ("model", "form"), [*((m, "two") for m in sorted(FAMILIES)), ("tiny_bert", "three")]
+)
+def test_sft_nodes_train_and_checkpoint_the_factors(tmp_path: Path, model: str, form: str) -> None:
+    cfg, run_dir = run(tmp_path, "sft", *FAMILIES[model], *SFT, f"finetune.sft.factors={form}")
 
     rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
     assert [(r["round"], r["owner"], r["samples"]) for r in rows] == [("1", "owner0", "8")]
@@ -72,6 +74,9 @@ def test_sft_nodes_train_and_checkpoint_the_factors(tmp_path: Path, model: str) 
     code = next(k for k in factors if k.endswith("lowrank_in.weight"))
     assert checkpoint.state[code].shape[0] == 4  # R x H
     assert not torch.equal(checkpoint.state[code], initial[code])  # trained, averaged, saved
+    sigmas = [k for k in factors if k.endswith("lowrank_out.sigma")]  # S_R on the receiver
+    assert len(sigmas) == (1 if form == "three" else 0), factors
+    assert all(not torch.equal(checkpoint.state[k], initial[k]) for k in sigmas)
 
 
 @pytest.mark.slow

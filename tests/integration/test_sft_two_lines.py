@@ -110,12 +110,17 @@ def reference(family: str, spec: sft.SplitSpec, batch: dict, labels: torch.Tenso
     return losses
 
 
-@pytest.mark.parametrize("family", ["bert", "gpt2", "llama"])
-def test_two_process_u_shape_training_matches_one_process(family: str, cloud: Any) -> None:
+@pytest.mark.parametrize(
+    ("family", "factors"), [("bert", "two"), ("gpt2", "two"), ("llama", "two"), ("llama", "three")]
+)
+def test_two_process_u_shape_training_matches_one_process(
+    family: str, factors: str, cloud: Any
+) -> None:
     addresses = cloud(family, False, 1)
     batch = padded_batch(family)
     labels = adapter_of(family).labels(batch)
-    split = {"layer": 0, "rank": 4, "residual": "drop", "cuts": "both", "tail_blocks": 1}
+    split = {"layer": 0, "rank": 4, "residual": "drop", "cuts": "both", "tail_blocks": 1,
+             "factors": factors}  # fmt: skip
     spec = sft.SplitSpec(family=adapter_of(family).name, num_layers=4, **split)
 
     model = sft.split(tiny_model(family), peer=addresses.get(timeout=120), key=KEY, **split)

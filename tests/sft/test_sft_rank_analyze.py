@@ -62,3 +62,24 @@ def test_analyze_draws_the_study_figure_and_table(tmp_path: Path) -> None:
 def test_analyze_refuses_a_folder_without_traces_or_a_study_table(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="run_dir"):
         analyze_run(tmp_path)
+
+
+def test_study_grid_runs_each_arm_in_each_svd_form(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(
+        "sft_rank_run", Path(__file__).resolve().parents[2] / "experiments/sft_rank/run.py"
+    )
+    assert spec is not None and spec.loader is not None
+    study = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, study)  # its dataclasses look themselves up
+    spec.loader.exec_module(study)
+    two, three = study.SftFactors.two, study.SftFactors.three
+
+    grid = study.runs(study.QUICK, factors=(two, three), arms=("upper/drop",))
+
+    assert [label for label, _ in grid] == ["baseline", "upper/drop", "upper/drop/3f"]
+    assert [sft.factors for _, sft in grid[1:]] == [two, three]
+    assert all(sft.rank == 8 and sft.residual.value == "drop" for _, sft in grid[1:])
+    assert len(study.runs(study.QUICK)) == 5  # the default grid: two factors, every arm
