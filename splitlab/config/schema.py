@@ -174,6 +174,7 @@ class RingConfig(ArchitectureConfig):
     base_port: int = 0  # stage i listens on base_port+i; 0 = the launcher picks free ports
     loader: LoaderKind = LoaderKind.shard  # shard (strict residency) or hf (whole, then prune)
     strict_parity: bool = True  # refuse stages whose torch/transformers/python/dtype differ
+    bypass: bool = False  # a re-partition may leave a middle stage no blocks: the ring skips it
 
 
 # --- transport and control ------------------------------------------------------------------

@@ -133,6 +133,11 @@ def validate_ring(arch: RingConfig, model: ModelConfig) -> None:
     _require(
         arch.window >= 0, f"architecture.window={arch.window} must be >= 0 (0 = no control plane)"
     )
+    _require(
+        not arch.bypass or arch.window > 0,
+        "architecture.bypass=true needs architecture.window > 0: blocks move, and a stage can be "
+        "left without them, only at the window barrier",
+    )
     _positive("architecture.ctrl_timeout_s", arch.ctrl_timeout_s)
     _positive("architecture.data_timeout_s", arch.data_timeout_s)
     _positive("architecture.connect_timeout_s", arch.connect_timeout_s)

@@ -129,6 +129,11 @@ class PartCompute:
             block.register_forward_hook(post),
         ]
 
+    def _container(self) -> nn.Module:
+        """The module holding the blocks (`model.layers`, ...): it stays when a commit takes
+        every block away (`architecture.bypass`), so blocks can come back into it."""
+        return self.part.get_submodule(self.part.adapter.block_path(0).rsplit(".", 1)[0])
+
     def take_block(self, layer_idx: int) -> tuple[nn.Module, Any]:
         """Block `layer_idx` and its KV layer (read-only view for tests and tools)."""
         return self._block(layer_idx), self.cache.layers[layer_idx]
@@ -199,7 +204,7 @@ class PartCompute:
                 f"{sorted(self._staged_blocks)} and KV {sorted(self._staged_kv)}"
             )
         adapter = self.part.adapter
-        container = self.part.get_submodule(adapter.block_path(self.layer_ids[0]).rsplit(".", 1)[0])
+        container = self._container()
         cache = self.cache
         for i in removed:
             for handle in self._hooks.pop(i):
@@ -233,8 +238,7 @@ class PartCompute:
         ]  # fmt: skip
         if stray:
             raise ProtocolError(f"after commit: KV left for blocks {stray} not on this stage")
-        blocks = [int(name) for name in self.part.get_submodule(
-            self.part.adapter.block_path(self.layer_ids[0]).rsplit(".", 1)[0])._modules]  # fmt: skip
+        blocks = [int(name) for name in self._container()._modules]
         if blocks != self.layer_ids:
             raise ProtocolError(f"after commit: blocks {blocks} but the span is {self.layer_ids}")
 

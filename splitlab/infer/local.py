@@ -44,16 +44,20 @@ def run_local_ring(
     drifts: Sequence[DriftSource | None] | None = None,
     ctrl_timeout_s: float = 10.0,
     faults: dict[int, str] | None = None,
+    bypass: bool = False,
 ) -> RingResult:
-    """Run the ring's stages as threads; returns the head's result (with its window records)."""
+    """Run the ring's stages as threads; returns the head's result (with its window records).
+    `bypass`: a barrier may leave a middle stage without blocks (the planner's cuts say)."""
     n = len(computes)
     hub = InProcHub()
     transports = [InProcTransport(stage_peer(i), hub, session="local") for i in range(n)]
+    bypass = bypass and window > 0 and n > 1
     links = [ring_links(transports[i], stage=i, num_stages=n, window=window if n > 1 else 0,
-                        timeout_s=timeout_s, ctrl_timeout_s=ctrl_timeout_s) for i in range(n)]  # fmt: skip
+                        timeout_s=timeout_s, ctrl_timeout_s=ctrl_timeout_s, bypass=bypass)
+             for i in range(n)]  # fmt: skip
     controls = _controls(computes, identities, links, window=window, planner=planner, index=index,
                          dtype=dtype, drifts=drifts, tracers=tracers, ctrl_timeout_s=ctrl_timeout_s,
-                         timeout_s=timeout_s, faults=faults or {})  # fmt: skip
+                         timeout_s=timeout_s, faults=faults or {}, bypass=bypass)  # fmt: skip
     stages = [
         RingStage(
             identity=identities[i],
@@ -66,6 +70,7 @@ def run_local_ring(
             session="local",
             control=controls[i],
             drift=drifts[i] if drifts else None,
+            peers=links[i].peers,
         )  # fmt: skip
         for i in range(n)
     ]
@@ -105,7 +110,7 @@ def run_local_ring(
 
 
 def _controls(computes, identities, links: Sequence[RingLinks], *, window, planner, index, dtype,
-              drifts, tracers, ctrl_timeout_s, timeout_s, faults) -> list:  # fmt: skip
+              drifts, tracers, ctrl_timeout_s, timeout_s, faults, bypass=False) -> list:  # fmt: skip
     """Per stage: HeadControl / StageControl on its links, or None without a window."""
     n = len(computes)
     if window <= 0 or n < 2:
@@ -115,7 +120,7 @@ def _controls(computes, identities, links: Sequence[RingLinks], *, window, plann
     migrators = [
         Migrator(stage=i, compute=computes[i], cuts=cuts, num_layers=num_layers, index=index,
                  dtype=dtype, timeout_s=ctrl_timeout_s, kv_prev=links[i].kv_prev,
-                 kv_next=links[i].kv_next)
+                 kv_next=links[i].kv_next, bypass=bypass)
         for i in range(n)
     ]  # fmt: skip
     tracer = (lambda i: tracers[i]) if tracers else (lambda i: None)

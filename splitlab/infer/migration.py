@@ -64,8 +64,10 @@ class Migrator:
 
     def __init__(self, *, stage: int, compute: StageCompute, cuts: Sequence[int], num_layers: int,
                  index: CheckpointIndex | None = None, dtype: str = "auto",
-                 kv_prev: Any = None, kv_next: Any = None, timeout_s: float = 5.0) -> None:  # fmt: skip
+                 kv_prev: Any = None, kv_next: Any = None, timeout_s: float = 5.0,
+                 bypass: bool = False) -> None:  # fmt: skip
         self.stage, self.compute, self.num_layers = stage, compute, num_layers
+        self.bypass = bypass  # a middle stage may be left without blocks (`architecture.bypass`)
         self.cuts = tuple(cuts)
         self.index, self.dtype, self.timeout_s = index, dtype, timeout_s
         self.kv_prev, self.kv_next = kv_prev, kv_next
@@ -102,7 +104,7 @@ class Migrator:
     def prestage(self, cuts: Sequence[int], *, pos: int, epoch: int) -> PrestageReport:
         """Get ready to run under `cuts` (everything, or raise: the caller NACKs)."""
         cuts = tuple(cuts)
-        moves = moves_between(self.cuts, cuts, self.num_layers)
+        moves = moves_between(self.cuts, cuts, self.num_layers, bypass=self.bypass)
         incoming, outgoing = stage_moves(self.stage, moves)
         report = PrestageReport(
             moves=[

@@ -121,10 +121,12 @@ class ForcedShift:
     boundary: int
     fired: bool = False
     name: str = "forced_shift"
+    bypass: bool = False  # the ring can skip a stage left without blocks
 
     def check(self, cuts: Sequence[int], num_layers: int) -> None:
         """Raises ConfigError now if the shift cannot apply to the starting cuts."""
-        shift_cuts(cuts, boundary=self.boundary, k=self.shift_k, num_layers=num_layers)
+        shift_cuts(cuts, boundary=self.boundary, k=self.shift_k, num_layers=num_layers,
+                   bypass=self.bypass)  # fmt: skip
 
     def decide(self, view: WindowView) -> Decision:
         if self.fired or view.token < self.at_token:
@@ -132,9 +134,8 @@ class ForcedShift:
                 view.cuts, "forced_shift: waiting" if not self.fired else "forced_shift: done"
             )
         self.fired = True
-        cuts = shift_cuts(
-            view.cuts, boundary=self.boundary, k=self.shift_k, num_layers=view.num_layers
-        )
+        cuts = shift_cuts(view.cuts, boundary=self.boundary, k=self.shift_k,
+                          num_layers=view.num_layers, bypass=self.bypass)  # fmt: skip
         return Decision(cuts, f"forced_shift: b{self.boundary} {self.shift_k:+d} at token {view.token}")  # fmt: skip
 
 
@@ -144,12 +145,14 @@ class Scripted:
 
     shifts: list[tuple[int, int, int]]
     name: str = "scripted"
+    bypass: bool = False  # the ring can skip a stage left without blocks
 
     def decide(self, view: WindowView) -> Decision:
         if not self.shifts or view.token < self.shifts[0][0]:
             return Decision(view.cuts, "scripted: waiting")
         at, boundary, k = self.shifts.pop(0)
-        cuts = shift_cuts(view.cuts, boundary=boundary, k=k, num_layers=view.num_layers)
+        cuts = shift_cuts(view.cuts, boundary=boundary, k=k, num_layers=view.num_layers,
+                          bypass=self.bypass)  # fmt: skip
         return Decision(cuts, f"scripted: b{boundary} {k:+d} at token {view.token}")
 
 
@@ -536,8 +539,9 @@ def planner_schema(name: str) -> type[PlannerConfig]:
     return registered(PLANNERS, name, "planner.name")[0]
 
 
-def make_planner(cfg: PlannerConfig) -> Planner:
-    """The planner `cfg.name` names, built from its typed config.
+def make_planner(cfg: PlannerConfig, *, bypass: bool = False) -> Planner:
+    """The planner `cfg.name` names, built from its typed config; with `bypass` (the ring can
+    skip a stage left without blocks) a planner that has the switch may propose such cuts.
 
     Raises:
         ConfigError: naming planner.name (unknown, or `cfg` is not its schema) or a bad value.
@@ -547,4 +551,7 @@ def make_planner(cfg: PlannerConfig) -> Planner:
         raise ConfigError(
             f"planner.name={cfg.name!r} takes a {schema.__name__}, got {type(cfg).__name__}"
         )
-    return PLANNERS[cfg.name][1](cfg)
+    planner = PLANNERS[cfg.name][1](cfg)
+    if bypass and hasattr(planner, "bypass"):
+        planner.bypass = True
+    return planner

@@ -5,7 +5,9 @@ b_0 = 0 and b_S = num_layers never move: the embeddings and the head stay where 
 A positive k moves b_s up, pulling blocks [b_s, b_s + k) back from stage s to stage s-1; a
 negative k moves it down, pushing blocks [b_s - |k|, b_s) forward from stage s-1 to stage s.
 Every block moves at most one stage per reconfiguration (neighbours only), and every stage
-keeps at least one block.
+keeps at least one block, except with `bypass` (`architecture.bypass`): then a middle stage may
+be left with none (the data ring skips it, `splitlab.infer.route`); the head and the tail keep
+at least one.
 
     .venv/bin/pytest tests/unit/test_migration_plan.py -q
 """
@@ -33,10 +35,20 @@ class Move:
         return len(self.layer_ids) if self.receiver < self.donor else -len(self.layer_ids)
 
 
-def check_cuts(cuts: Sequence[int], num_layers: int, *, what: str = "cuts") -> tuple[int, ...]:
-    """`cuts` as a tuple if every stage owns >= 1 block, else ConfigError naming `what`."""
+def check_cuts(cuts: Sequence[int], num_layers: int, *, what: str = "cuts",
+               bypass: bool = False) -> tuple[int, ...]:  # fmt: skip
+    """`cuts` as a tuple if every stage owns >= 1 block (with `bypass`: the head and the tail
+    do, the middle stages >= 0), else ConfigError naming `what`."""
     bounds = [0, *cuts, num_layers]
-    if any(b <= a for a, b in zip(bounds, bounds[1:], strict=False)):
+    if bypass:
+        ends = len(bounds) < 2 or (bounds[1] > 0 and bounds[-1] > bounds[-2])
+        if not ends or any(b < a for a, b in zip(bounds, bounds[1:], strict=False)):
+            raise ConfigError(
+                f"{what}={list(cuts)}: the head and the tail must own at least one of "
+                f"{num_layers} blocks, a middle stage none or more (cuts non-decreasing inside "
+                "[1, num_layers - 1])"
+            )
+    elif any(b <= a for a, b in zip(bounds, bounds[1:], strict=False)):
         raise ConfigError(
             f"{what}={list(cuts)}: every stage must own at least one of {num_layers} blocks "
             "(cuts strictly increasing inside [1, num_layers - 1])"
@@ -44,7 +56,8 @@ def check_cuts(cuts: Sequence[int], num_layers: int, *, what: str = "cuts") -> t
     return tuple(int(c) for c in cuts)
 
 
-def shift_cuts(cuts: Sequence[int], *, boundary: int, k: int, num_layers: int) -> tuple[int, ...]:
+def shift_cuts(cuts: Sequence[int], *, boundary: int, k: int, num_layers: int,
+               bypass: bool = False) -> tuple[int, ...]:  # fmt: skip
     """The cuts after moving boundary b_`boundary` by `k` blocks (see module docstring).
 
     Raises:
@@ -62,7 +75,7 @@ def shift_cuts(cuts: Sequence[int], *, boundary: int, k: int, num_layers: int) -
     new = list(cuts)
     new[boundary - 1] += k
     try:
-        return check_cuts(new, num_layers)
+        return check_cuts(new, num_layers, bypass=bypass)
     except ConfigError:
         raise ConfigError(
             f"planner.shift_k={k} at planner.boundary={boundary}: cuts {list(cuts)} -> {new} "
@@ -76,7 +89,8 @@ def owners(cuts: Sequence[int], num_layers: int) -> list[int]:
     return [s for s in range(len(bounds) - 1) for _ in range(bounds[s], bounds[s + 1])]
 
 
-def moves_between(old: Sequence[int], new: Sequence[int], num_layers: int) -> tuple[Move, ...]:
+def moves_between(old: Sequence[int], new: Sequence[int], num_layers: int, *,
+                  bypass: bool = False) -> tuple[Move, ...]:  # fmt: skip
     """The neighbour-to-neighbour moves that turn `old` cuts into `new` (boundary order).
 
     Raises:
@@ -84,8 +98,8 @@ def moves_between(old: Sequence[int], new: Sequence[int], num_layers: int) -> tu
     """
     if len(old) != len(new):
         raise ConfigError(f"plan cuts {list(new)}: the ring has cuts {list(old)}")
-    check_cuts(old, num_layers)
-    check_cuts(new, num_layers, what="plan cuts")
+    check_cuts(old, num_layers, bypass=bypass)
+    check_cuts(new, num_layers, what="plan cuts", bypass=bypass)
     before, after = owners(old, num_layers), owners(new, num_layers)
     by_pair: dict[tuple[int, int], list[int]] = {}
     for layer_idx, (a, b) in enumerate(zip(before, after, strict=True)):

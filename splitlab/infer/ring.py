@@ -22,6 +22,13 @@ With a `control` (`splitlab.infer.window`), every stage steps into the window ba
 decode step s when s % W == 0, on the control star, never on the ring. With a `drift` source,
 phi(step) becomes a sleep of (phi - 1) x compute_ms inside the measured compute region.
 
+With `peers` (a channel to every other stage; `architecture.bypass`) the ring follows the
+current cuts (`splitlab.infer.route`): a stage a barrier left without blocks is skipped (its
+predecessor sends straight to the next stage that has blocks) and waits on the control star
+for the next PROPOSE instead of the data ring; when the head ends generation with such a stage,
+it sends CLOSE to the star before STOP goes round, and STOP (or an abort) reaches the skipped
+stages from the stage before them.
+
     .venv/bin/pytest tests/unit/test_infer_ring.py -q
 """
 
@@ -41,6 +48,7 @@ from splitlab.drift.inject import inject
 from splitlab.errors import AbortedError, ConfigError, ExitCode, PeerLostError, ProtocolError
 from splitlab.infer.compute import StageCompute
 from splitlab.infer.parity import parity_mismatches
+from splitlab.infer.route import Route, route
 from splitlab.infer.sampling import check_sampling, new_generator, sample_token
 from splitlab.telemetry.records import TokenRecord
 from splitlab.telemetry.trace import Tracer
@@ -168,33 +176,55 @@ class RingStage:
     def __init__(self, *, identity: StageIdentity, compute: StageCompute, up: Pipe | None,
                  down: Pipe | None, tracer: Tracer | None = None, strict_parity: bool = True,
                  timeout_s: float | None = None, session: str | None = None,
-                 control: Any = None, drift: DriftSource | None = None) -> None:  # fmt: skip
+                 control: Any = None, drift: DriftSource | None = None,
+                 peers: Mapping[int, Pipe] | None = None) -> None:  # fmt: skip
         from splitlab.infer.window import WindowStats
 
         self.identity, self.compute, self.up, self.down = identity, compute, up, down
+        self.peers = dict(peers) if peers else None  # bypass: a channel to every other stage
         self.control, self.drift, self.stats = control, drift, WindowStats()
         self.tracer = tracer or Tracer.null()
         self.strict_parity, self.timeout_s, self.session = strict_parity, timeout_s, session
         self.index, self.num_stages = identity.stage, identity.num_stages
         self.is_head, self.is_tail = self.index == 0, self.index == self.num_stages - 1
         self.pos = 0  # tokens this stage has processed (the next call's first position)
+        self.step = 0  # the last decode step this stage took part in
+        self._routes: tuple[tuple[int, ...], Route] | None = None
         self.roster: list[dict[str, Any]] = []
         self.aborted_by_peer = False  # an abort already went (or came) around the ring
 
     # --- plumbing ----------------------------------------------------------------------------
 
+    def route(self) -> Route:
+        """This stage's place in the data ring under the current cuts (fixed without `peers`)."""
+        n, i = self.num_stages, self.index
+        if self.peers is None or self.control is None:
+            return Route(stage=i, active=True, source=(i - 1) % n, target=(i + 1) % n,
+                         skipped=())  # fmt: skip
+        cuts = tuple(self.control.migrator.cuts)
+        if self._routes is None or self._routes[0] != cuts:
+            self._routes = (cuts, route(i, cuts, self.identity.num_layers))
+        return self._routes[1]
+
+    def _pipe(self, stage: int, *, inbound: bool) -> Pipe:
+        pipe = self.peers.get(stage) if self.peers else (self.up if inbound else self.down)
+        if pipe is None:
+            raise ProtocolError(f"stage {self.index}: no data channel to stage {stage}")
+        return pipe
+
     def _recv(self, expect: Sequence[str]) -> tuple[Message, float]:
-        assert self.up is not None
+        pipe = self._pipe(self.route().source, inbound=True)
         t0 = time.perf_counter()
-        msg = self.up.recv(timeout_s=self.timeout_s)
+        msg = pipe.recv(timeout_s=self.timeout_s)
         wait_ms = (time.perf_counter() - t0) * 1e3
         if msg.kind == "abort":
             meta = dict(msg.meta)
             msg.release()
             origin = int(meta.get("origin", 0))
             self.aborted_by_peer = True
-            if (self.index + 1) % self.num_stages != origin:
-                self._forward_abort(meta)
+            here = self.route()
+            if here.active:
+                self._forward_abort(meta, here.fan_out(origin))
             reason = f"stage {self.index}: stage {origin} aborted the run: {meta.get('reason')}"
             if meta.get("code") == int(ExitCode.PEER_LOST):
                 raise PeerLostError(reason)
@@ -206,22 +236,21 @@ class RingStage:
             )
         return msg, wait_ms
 
-    def _send(
-        self, kind: str, tensors: Mapping[str, torch.Tensor], **meta: Any
-    ) -> tuple[float, int]:
-        assert self.down is not None
+    def _send(self, kind: str, tensors: Mapping[str, torch.Tensor], *, to: int | None = None,
+              **meta: Any) -> tuple[float, int]:  # fmt: skip
+        """Send to stage `to` (default: the next stage with blocks)."""
+        pipe = self._pipe(self.route().target if to is None else to, inbound=False)
         t0 = time.perf_counter()
-        self.down.send(
-            kind, tensors, meta=meta, routing=Routing(session=self.session, stage=self.index)
-        )
+        pipe.send(kind, tensors, meta=meta, routing=Routing(session=self.session, stage=self.index))
         nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
         return (time.perf_counter() - t0) * 1e3, nbytes
 
-    def _forward_abort(self, meta: Mapping[str, Any]) -> None:
-        try:
-            self._send("abort", {}, **meta)
-        except Exception:  # best effort: the next stage may be gone too
-            pass
+    def _forward_abort(self, meta: Mapping[str, Any], targets: Sequence[int]) -> None:
+        for stage in targets:
+            try:
+                self._send("abort", {}, to=stage, **meta)
+            except Exception:  # best effort: the next stage may be gone too
+                pass
 
     def abort_downstream(self, exc: BaseException) -> None:
         """Tell the rest of the ring why this stage is stopping (best effort, once).
@@ -229,11 +258,12 @@ class RingStage:
         A stage that lost a neighbour is the only one that knows which; forwarding the reason
         lets every survivor exit with a diagnosis naming the dead stage, not just its neighbour.
         """
-        if self.down is None or self.aborted_by_peer:
+        if (self.down is None and not self.peers) or self.aborted_by_peer:
             return
         self.aborted_by_peer = True
         code = int(getattr(exc, "exit_code", ExitCode.ERROR))
-        self._forward_abort({"origin": self.index, "code": code, "reason": str(exc)})
+        meta = {"origin": self.index, "code": code, "reason": str(exc)}
+        self._forward_abort(meta, self.route().fan_out())
 
     def _forward(self, x: torch.Tensor, pos: int, step: int) -> tuple[torch.Tensor, float, float]:
         """(output, compute_ms incl. injected drift, real_ms of the forward alone)."""
@@ -308,7 +338,7 @@ class RingStage:
         prompt_len = x.shape[1]
         tokens: list[int] = []
         tpot: list[float] = []
-        ttft_ms, reason = 0.0, "max_new_tokens"
+        ttft_ms, reason, closed = 0.0, "max_new_tokens", False
         for step in range(gen.max_new_tokens):
             t0 = time.perf_counter()
             pos = self.pos
@@ -341,9 +371,11 @@ class RingStage:
             ))  # fmt: skip
             tokens.append(token)
             done = token in gen.eos_ids
+            self.step = step
             if self._at_barrier(step):
                 if done or step + 1 >= gen.max_new_tokens:
                     self.control.close("end of generation")
+                    closed = True
                 else:
                     self.control.barrier(step=step, pos=self.pos, stats=self.stats)
                     self.stats.reset()
@@ -351,12 +383,16 @@ class RingStage:
                 reason = "eos"
                 break
             x = torch.tensor([[token]], dtype=torch.long)
-        self._finish(reason)
+        self._finish(reason, closed=closed)
         return RingResult(tokens, prompt_len, reason, ttft_ms, tpot)
 
-    def _finish(self, reason: str) -> None:
+    def _finish(self, reason: str, *, closed: bool = False) -> None:
         if self.num_stages > 1:
-            self._send("stop", {}, reason=reason)
+            here = self.route()
+            if here.skipped and not closed:  # skipped stages wait on the star, not the ring
+                self.control.close("end of generation")
+            for stage in here.fan_out():
+                self._send("stop", {}, to=stage, reason=reason)
             msg, _ = self._recv(["stop"])
             msg.release()
 
@@ -368,11 +404,19 @@ class RingStage:
         generator = new_generator(gen.seed)
         served = 0
         while True:
+            here = self.route()
+            if not here.active:  # skipped: nothing comes on the ring until blocks come back
+                if self._idle():
+                    continue
+                msg, _ = self._recv(["stop"])  # after CLOSE: STOP from the stage before
+                msg.release()
+                return served
             msg, wait_ms = self._recv(["hidden", "stop"])
             if msg.kind == "stop":
                 meta = dict(msg.meta)
                 msg.release()
-                self._send("stop", {}, **meta)
+                for stage in here.fan_out():
+                    self._send("stop", {}, to=stage, **meta)
                 return served
             step, pos = int(msg.meta["step"]), int(msg.meta["pos"])
             if pos != self.pos:
@@ -402,7 +446,19 @@ class RingStage:
                 prefill=step == 0, token_id=token,
             ))  # fmt: skip
             served += 1
+            self.step = step
             self._after_send()
             if self._at_barrier(step):
                 self.control.barrier(step=step, pos=self.pos, stats=self.stats)
                 self.stats.reset()
+
+    def _idle(self) -> bool:
+        """A stage without blocks: take part in the next barrier, whatever its token (the
+        ring's position advanced one per step meanwhile); False when the head closed."""
+        self._after_send()  # the release of the blocks this stage gave away
+        got = self.control.idle_barrier(last_step=self.step, pos=self.pos, stats=self.stats)
+        self.stats.reset()
+        if got is None:
+            return False
+        self.step, self.pos = got
+        return True

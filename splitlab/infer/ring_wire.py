@@ -9,7 +9,10 @@ and reaches its neighbours and the head through channels on three lanes:
 
 Over TCP (`stage_transport`, then `link_tcp_ring`) each stage dials its successor (activation;
 kv with a window) and, with a window, the head (control), then waits for the peers that dial
-it; a two-stage ring shares one activation connection both ways. A barrier message
+it; a two-stage ring shares one activation connection both ways. With `bypass` (a stage left
+without blocks is skipped, `splitlab.infer.route`) every stage also holds an activation
+channel to every other stage (`peers`): stage i dials each j > i + 1 (the tail's connection to
+the head serves the head -> tail pair), so a skip needs no new connection mid-run. A barrier message
 (`splitlab.control.messages`) travels as one frame, its kind and its fields as the header's
 meta, no tensors: `ctrl_frame`/`ctrl_message` are the only translation between the two.
 
@@ -80,11 +83,13 @@ class RingLinks:
     kv_next: Channel | None = None
     ctrl: CtrlChannel | None = None  # a stage's line to the head
     ctrls: dict[int, CtrlChannel] = field(default_factory=dict)  # the head's lines, by stage
+    peers: dict[int, Channel] = field(default_factory=dict)  # bypass: activation, every stage
 
 
 def ring_links(transport: Transport, *, stage: int, num_stages: int, window: int,
-               timeout_s: float, ctrl_timeout_s: float) -> RingLinks:  # fmt: skip
-    """Stage `stage`'s channels on `transport` (the control and KV ones only with a window)."""
+               timeout_s: float, ctrl_timeout_s: float, bypass: bool = False) -> RingLinks:  # fmt: skip
+    """Stage `stage`'s channels on `transport` (the control and KV ones only with a window,
+    `peers` only with `bypass`)."""
     n = num_stages
     if n < 2:
         return RingLinks()
@@ -104,7 +109,14 @@ def ring_links(transport: Transport, *, stage: int, num_stages: int, window: int
             }
         if stage < n - 1:
             links.kv_next = chan(stage + 1, Lane.KV, ctrl_timeout_s)
+    if bypass:
+        links.peers = {j: chan(j, Lane.ACTIVATION, timeout_s) for j in range(n) if j != stage}
     return links
+
+
+def bypass_dials(stage: int, num_stages: int) -> list[int]:
+    """The stages `stage` dials on the activation lane beyond its successor (`bypass`)."""
+    return [j for j in range(stage + 2, num_stages) if (stage, j) != (0, num_stages - 1)]
 
 
 def stage_transport(*, stage: int, bind_host: str, base_port: int, session: str,
@@ -131,17 +143,18 @@ def stage_transport(*, stage: int, bind_host: str, base_port: int, session: str,
 
 def link_tcp_ring(transport: TcpTransport, *, stage: int, hosts: Sequence[str], base_port: int,
                   ctrl_host: str, window: int, connect_timeout_s: float, timeout_s: float,
-                  ctrl_timeout_s: float) -> RingLinks:  # fmt: skip
+                  ctrl_timeout_s: float, bypass: bool = False) -> RingLinks:  # fmt: skip
     """Connect stage `stage` to the ring (and the control star) and return its channels."""
     connect_tcp_ring(transport, stage=stage, hosts=hosts, base_port=base_port,
-                     ctrl_host=ctrl_host, window=window,
-                     connect_timeout_s=connect_timeout_s)  # fmt: skip
+                     ctrl_host=ctrl_host, window=window, connect_timeout_s=connect_timeout_s,
+                     bypass=bypass)  # fmt: skip
     return ring_links(transport, stage=stage, num_stages=len(hosts), window=window,
-                      timeout_s=timeout_s, ctrl_timeout_s=ctrl_timeout_s)  # fmt: skip
+                      timeout_s=timeout_s, ctrl_timeout_s=ctrl_timeout_s, bypass=bypass)  # fmt: skip
 
 
 def connect_tcp_ring(transport: TcpTransport, *, stage: int, hosts: Sequence[str], base_port: int,
-                     ctrl_host: str, window: int, connect_timeout_s: float) -> None:  # fmt: skip
+                     ctrl_host: str, window: int, connect_timeout_s: float,
+                     bypass: bool = False) -> None:  # fmt: skip
     """Dial this stage's successor (and the head), then wait until the peers that dial this
     stage have; stage i listens on `base_port + i` of `hosts[i]`, the head on `ctrl_host`.
 
@@ -162,7 +175,12 @@ def connect_tcp_ring(transport: TcpTransport, *, stage: int, hosts: Sequence[str
     if window > 0 and stage > 0:
         transport.connect(stage_peer(0), ctrl_host, base_port, lanes=[Lane.CONTROL],
                           retry_s=max(deadline - time.monotonic(), 0.0))  # fmt: skip
+    for j in bypass_dials(stage, n) if bypass else []:
+        transport.connect(stage_peer(j), hosts[j], base_port + j, lanes=[Lane.ACTIVATION],
+                          retry_s=max(deadline - time.monotonic(), 0.0))  # fmt: skip
     waits = [(prev, [Lane.ACTIVATION, *([Lane.KV] if window > 0 and stage > 0 else [])])]
+    if bypass:
+        waits += [(i, [Lane.ACTIVATION]) for i in range(stage) if stage in bypass_dials(i, n)]
     if window > 0 and stage == 0:
         waits += [(i, [Lane.CONTROL]) for i in range(1, n)]
     for peer, lanes in waits:

@@ -213,10 +213,11 @@ def build_compute(run: StageRun) -> tuple[StageCompute, StageIdentity, dict[str,
 
 def planner_of(run: StageRun) -> Planner:
     """The head's planner: the config group's, or the test-only scripted shifts."""
+    bypass = run.ring.bypass
     if run.scripted_shifts:
         shifts = [list(shift) for shift in run.scripted_shifts]
-        return make_planner(planner_schema("scripted")(shifts=shifts))
-    return make_planner(run.planner)
+        return make_planner(planner_schema("scripted")(shifts=shifts), bypass=bypass)
+    return make_planner(run.planner, bypass=bypass)
 
 
 def build_control(run: StageRun, compute: StageCompute, identity: StageIdentity, index: Any,
@@ -235,7 +236,7 @@ def build_control(run: StageRun, compute: StageCompute, identity: StageIdentity,
     migrator = Migrator(stage=me, compute=compute, cuts=list(ring.cuts),
                         num_layers=identity.num_layers, index=index, dtype=run.dtype.value,
                         kv_prev=links.kv_prev, kv_next=links.kv_next,
-                        timeout_s=ring.ctrl_timeout_s)  # fmt: skip
+                        timeout_s=ring.ctrl_timeout_s, bypass=ring.bypass)  # fmt: skip
     log.debug("stage %d: migration warm-up %.2f ms", me, migrator.warm_up())
     if me == 0:
         control = HeadControl(window=ring.window, ctrls=links.ctrls, migrator=migrator,
@@ -308,7 +309,7 @@ def run_stage(run: StageRun) -> int:
                 transport, stage=run.stage, hosts=list(hosts), base_port=ring.base_port,
                 ctrl_host=ring.ctrl_host or hosts[0], window=ring.window,
                 connect_timeout_s=ring.connect_timeout_s, timeout_s=ring.data_timeout_s,
-                ctrl_timeout_s=ring.ctrl_timeout_s,
+                ctrl_timeout_s=ring.ctrl_timeout_s, bypass=ring.bypass and ring.window > 0,
             )  # fmt: skip
             addresses = link_addresses(transport, stage=run.stage, num_stages=n)
             tracer.write(LinksRecord(**addresses))
@@ -319,7 +320,7 @@ def run_stage(run: StageRun) -> int:
         stage = RingStage(identity=identity, compute=compute, up=links.up, down=links.down,
                           tracer=tracer, strict_parity=ring.strict_parity,
                           timeout_s=ring.data_timeout_s, session=run.session, control=control,
-                          drift=drift)  # fmt: skip
+                          drift=drift, peers=links.peers)  # fmt: skip
         if run.stage == 0:
             prompt_ids, gen, tokenizer = head_inputs(run, config)
             result = stage.generate(prompt_ids, stage.handshake(gen))

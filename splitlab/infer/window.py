@@ -195,19 +195,51 @@ class StageControl:
         self.deferred = _Deferred(self.tracer, migrator)
         GcClock.install()
 
+    def _await_propose(self) -> Propose | None:
+        """The next PROPOSE, or None on CLOSE."""
+        msg = self.ctrl.recv(timeout_s=self.entry_timeout_s)
+        if isinstance(msg, Close):
+            return None
+        if not isinstance(msg, Propose):
+            raise ProtocolError(f"stage {self.stage}: expected PROPOSE or CLOSE, got '{msg.kind}'")
+        return msg
+
     def barrier(self, *, step: int, pos: int, stats: WindowStats) -> bool:
         """Run one barrier; False when the head closed instead (generation is ending)."""
         obs = observe(self.drift, step)  # sampled while idle, before PROPOSE: off its critical path
         t_wait = time.perf_counter()
-        msg = self.ctrl.recv(timeout_s=self.entry_timeout_s)
-        if isinstance(msg, Close):
+        msg = self._await_propose()
+        if msg is None:
             return False
-        if not isinstance(msg, Propose):
-            raise ProtocolError(f"stage {self.stage}: expected PROPOSE or CLOSE, got '{msg.kind}'")
-        t0, gc0 = time.perf_counter(), GcClock.total_ms
-        wait_ms = (t0 - t_wait) * 1e3
         if msg.token != step:
             raise ProtocolError(f"stage {self.stage}: PROPOSE at token {msg.token}, this stage is at {step}")  # fmt: skip
+        self._run(msg, step=step, pos=pos, stats=stats, obs=obs, t_wait=t_wait)
+        return True
+
+    def idle_barrier(
+        self, *, last_step: int, pos: int, stats: WindowStats
+    ) -> tuple[int, int] | None:
+        """A stage without blocks (`architecture.bypass`): the next barrier, whatever its token.
+
+        The ring decoded one position per step meanwhile, so at PROPOSE{token} this stage's
+        position is `pos + token - last_step`. Returns (token, position), or None on CLOSE.
+        """
+        obs = observe(self.drift, last_step)
+        t_wait = time.perf_counter()
+        msg = self._await_propose()
+        if msg is None:
+            return None
+        if msg.token < last_step:
+            raise ProtocolError(f"stage {self.stage}: PROPOSE at token {msg.token}, before this stage's last step {last_step}")  # fmt: skip
+        pos += msg.token - last_step
+        self._run(msg, step=msg.token, pos=pos, stats=stats, obs=obs, t_wait=t_wait)
+        return msg.token, pos
+
+    def _run(self, msg: Propose, *, step: int, pos: int, stats: WindowStats,
+             obs: dict[str, float] | None, t_wait: float) -> None:  # fmt: skip
+        """Pre-stage, answer, then apply on COMMIT or drop on ABORT (raises on a fatal one)."""
+        t0, gc0 = time.perf_counter(), GcClock.total_ms
+        wait_ms = (t0 - t_wait) * 1e3
         action = self.state.on_message(msg)
         assert action is StageAction.PRESTAGE, action
         propose, report, answer = msg, PrestageReport(), None
@@ -259,7 +291,6 @@ class StageControl:
             raise AbortedError(
                 f"stage {self.stage}: the head aborted epoch {msg.epoch}: {reply.reason}"
             )
-        return True
 
     def after_send(self) -> None:
         self.deferred.after_send()

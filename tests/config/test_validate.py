@@ -69,6 +69,10 @@ REFUSED = [
     ),
     (["data.quantity_skew_alpha=0"], ["data.quantity_skew_alpha=0"]),
     (["device=tpu"], ["device='tpu'"]),
+    (
+        ["task=infer", "architecture.bypass=true", "architecture.window=0"],
+        ["architecture.bypass=true", "architecture.window > 0"],
+    ),
 ]
 
 # Edges that used to pass validation and fail later, or never (unbounded waits): each is refused

@@ -12,7 +12,6 @@ import weakref
 
 import pytest
 import torch
-from model_helpers import model_option
 
 from splitlab.configure import compose_config
 from splitlab.infer.compute import PartCompute
@@ -22,26 +21,13 @@ from splitlab.infer.ring import GenParams
 from splitlab.launch.ring import run_ring
 from splitlab.models.plan import Span
 from splitlab.models.shard import load_part, open_checkpoint
-from splitlab.reference.tiny import local_ring, save_tiny
+from splitlab.reference.tiny import local_ring
 from splitlab.telemetry.trace import Tracer
 
 PROMPT = torch.tensor([[464, 3290, 286, 4881, 318, 257, 1588, 1748]])
 CUTS = [3, 6]
 GEN = GenParams(max_new_tokens=30)
 COMBOS = [(b, k) for b in (1, 2) for k in (1, -1, 2, -2)]
-
-
-@pytest.fixture(scope="module")
-def tiny9(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny9")
-    return save_tiny(model_option("tiny_llama", "model.num_layers=9"), folder)
-
-
-@pytest.fixture(scope="module")
-def noshift(tiny9) -> list[int]:
-    result, _ = local_ring(tiny9, CUTS, PROMPT, GEN, window=5)
-    assert all(not w["aborted"] for w in result.windows)
-    return result.token_ids
 
 
 @pytest.mark.parametrize(("boundary", "k"), COMBOS, ids=[f"b{b}{k:+d}" for b, k in COMBOS])

@@ -7,26 +7,18 @@ Tiny Llama (9 blocks, cuts 3/6), stage 1 slowed 4x by a replayed `one_slow_node`
 
 from __future__ import annotations
 
-import pytest
 import torch
-from model_helpers import model_option
 
 from splitlab.config.enums import DriftSource
 from splitlab.config.schema import DriftConfig
 from splitlab.drift.source import make_source
 from splitlab.infer.planners import Calibration, ModelPlanner
 from splitlab.infer.ring import GenParams
-from splitlab.reference.tiny import local_ring, save_tiny
+from splitlab.reference.tiny import local_ring
 
 PROMPT = torch.tensor([[464, 3290, 286, 4881, 318, 257, 1588, 1748]])
 CUTS = [3, 6]
 GEN = GenParams(max_new_tokens=30)
-
-
-@pytest.fixture(scope="module")
-def tiny9(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny9")
-    return save_tiny(model_option("tiny_llama", "model.num_layers=9"), folder)
 
 
 def test_model_planner_moves_off_the_slow_stage_and_keeps_every_token(tiny9) -> None:

@@ -1,0 +1,93 @@
+"""A stage left without blocks is skipped and changes no token (`architecture.bypass`).
+
+Tiny Llama, 9 blocks, 3 stages at cuts [3, 6], a barrier every 5 tokens: at token 10 stage 1
+gives its three blocks to stage 0 (cuts [6, 6]); the ring then runs head -> tail directly
+while stage 1 waits on the control star; at token 20 it takes them back (cuts [3, 6]). In
+process (threads) and over TCP (three stage processes), against the ring that never moves.
+
+    .venv/bin/pytest tests/equivalence/test_ring_bypass.py -q
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from splitlab.configure import compose_config
+from splitlab.errors import ConfigError
+from splitlab.infer.planners import Scripted
+from splitlab.infer.ring import GenParams
+from splitlab.launch.ring import run_ring
+from splitlab.reference.tiny import local_ring
+from splitlab.telemetry.trace import Tracer
+
+PROMPT = torch.tensor([[464, 3290, 286, 4881, 318, 257, 1588, 1748]])
+CUTS = [3, 6]
+GEN = GenParams(max_new_tokens=30)
+OUT_AND_BACK = [(10, 1, 3), (20, 1, -3)]  # (at token, boundary, k): empty stage 1, then refill
+
+
+def _records(path) -> list[dict]:
+    return [json.loads(line) for line in path.open()]
+
+
+def test_in_process_a_stage_emptied_and_refilled_keeps_every_token(
+    tiny9, noshift, tmp_path
+) -> None:
+    tracers = [Tracer.open(tmp_path / f"stage-{i}.jsonl", role="stage", rank=i) for i in range(3)]
+    planner = Scripted([*OUT_AND_BACK], bypass=True)
+    result, computes = local_ring(tiny9, CUTS, PROMPT, GEN, window=5, tracers=tracers,
+                                  planner=planner, bypass=True)  # fmt: skip
+    for t in tracers:
+        t.close()
+    assert result.token_ids == noshift
+    assert [w["cuts"] for w in result.windows] == [[3, 6], [6, 6], [6, 6], [3, 6], [3, 6]]
+    assert [c.span.start for c in computes[1:]] == CUTS and computes[1].layer_ids == [3, 4, 5]
+    tokens = [r["token"] for r in _records(tmp_path / "stage-1.jsonl") if r["kind"] == "token"]
+    assert tokens == [*range(0, 11), *range(21, 30)]  # skipped for decode steps 11..20
+    tail = [r["token"] for r in _records(tmp_path / "stage-2.jsonl") if r["kind"] == "token"]
+    assert tail == list(range(30))
+    stage1 = [r for r in _records(tmp_path / "stage-1.jsonl") if r["kind"] == "window"]
+    assert [w["token"] for w in stage1] == [5, 10, 15, 20, 25]  # every barrier, skipped or not
+
+
+def test_in_process_a_stage_left_empty_to_the_end_stops_with_the_ring(tiny9, noshift) -> None:
+    result, computes = local_ring(tiny9, CUTS, PROMPT, GEN, window=5, bypass=True,
+                                  planner=Scripted([(10, 2, -3)], bypass=True))  # fmt: skip
+    assert result.token_ids == noshift
+    assert computes[1].layer_ids == [] and computes[2].layer_ids == [3, 4, 5, 6, 7, 8]
+
+
+def test_without_bypass_a_shift_that_empties_a_stage_is_refused() -> None:
+    with pytest.raises(ConfigError, match="leaves a stage without blocks"):
+        Scripted([(10, 1, 3)]).decide(_view())
+
+
+def _view():
+    from splitlab.infer.planners import WindowView
+
+    return WindowView(token=10, cuts=(3, 6), num_layers=9)
+
+
+@pytest.mark.slow
+def test_tcp_a_stage_emptied_and_refilled_keeps_every_token(tiny9, noshift, tmp_path) -> None:
+    hosts = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+    cfg = compose_config([
+        "task=infer", "model=tiny_llama", "model.num_layers=9", "model.source=hub",
+        f"model.id={tiny9}", "architecture.cuts=[3,6]", "architecture.window=5",
+        "architecture.bypass=true", f"architecture.peer_hosts=[{','.join(hosts)}]",
+        f"task.max_new_tokens={GEN.max_new_tokens}",
+        f"task.prompt_ids=[{','.join(map(str, PROMPT[0].tolist()))}]",
+    ])  # fmt: skip
+    script = ",".join(f"{t}:{b}:{k}" for t, b, k in OUT_AND_BACK)
+    group, result = run_ring(cfg, run_dir=tmp_path, timeout_s=240,
+                             stage_args={0: ["--scripted-shifts", script]})  # fmt: skip
+    assert group.exit_code == 0, group.diagnosis()
+    assert result is not None and result["token_ids"] == noshift
+    head = [r for r in _records(tmp_path / "traces" / "stage-0.jsonl") if r["kind"] == "window"]
+    assert [w["cuts"] for w in head] == [[3, 6], [6, 6], [6, 6], [3, 6], [3, 6]]
+    skipped = [r["token"] for r in _records(tmp_path / "traces" / "stage-1.jsonl")
+               if r["kind"] == "token"]  # fmt: skip
+    assert skipped == [*range(0, 11), *range(21, 30)]
