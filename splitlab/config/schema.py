@@ -313,6 +313,8 @@ class AdaptivePlannerConfig(PlannerConfig):
     hysteresis: float = 0.15  # minimum relative gain before moving, in [0, 1)
     cost_model: str | None = None  # calibration JSON; None = observed times only
     calibration_key: str | None = None  # its record (model/device/dtype); None = its only one
+    link_low: float = 0.5  # architecture.bypass: skip a middle stage whose link_obs falls below
+    link_high: float = 0.9  # ... and give a skipped one a block back at link_obs >= this
 
 
 @dataclass

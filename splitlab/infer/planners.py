@@ -52,6 +52,7 @@ from splitlab.config.schema import (
 )
 from splitlab.errors import ConfigError, registered
 from splitlab.infer.reshard import check_cuts, shift_cuts
+from splitlab.infer.route import stage_blocks
 
 MAX_CANDIDATES = 200_000  # exhaustive target search up to this many cut sets, else local search
 
@@ -253,41 +254,127 @@ def _neighbours(cuts: tuple[int, ...], num_layers: int) -> list[tuple[int, ...]]
     return out
 
 
+def active_ring(cuts: Sequence[int], num_layers: int) -> tuple[list[int], tuple[int, ...]]:
+    """(the stages that own blocks, the cuts of the ring of those stages alone)."""
+    blocks = stage_blocks(cuts, num_layers)
+    bounds = [0, *cuts, num_layers]
+    active = [i for i, b in enumerate(blocks) if b > 0]
+    return active, tuple(bounds[a] for a in active[1:])
+
+
+def expand_cuts(reduced: Sequence[int], active: Sequence[int], num_stages: int,
+                num_layers: int) -> tuple[int, ...]:  # fmt: skip
+    """The full ring's cuts for `reduced` cuts of its `active` stages (the others stay empty,
+    each at the start of the next active stage)."""
+    bounds = [0, *reduced, num_layers]
+    return tuple(bounds[next(j for j, a in enumerate(active) if a >= i)]
+                 for i in range(1, num_stages))  # fmt: skip
+
+
 @dataclass
 class Adaptive:
+    """See the module docstring; with `bypass` (`architecture.bypass`) also the link rule:
+    a middle stage whose observed link factor (`link_obs`) fell below `link_low` gives all its
+    blocks to its neighbours in one reconfiguration (the ring then skips it: no cut removes a
+    hop otherwise), and a skipped stage whose link is back at `link_high` or better takes one
+    block back; compute balancing runs over the stages that own blocks."""
+
     hysteresis: float = 0.15
     cost: CostModel | None = None
     name: str = "adaptive"
     history: list[tuple[int, ...]] = field(default_factory=list)
+    bypass: bool = False
+    link_low: float = 0.5
+    link_high: float = 0.9
 
     def decide(self, view: WindowView) -> Decision:
-        stats = list(view.stats)
-        if len(stats) != len(view.cuts) + 1 or any(s is None for s in stats):
+        n, num_layers = len(view.cuts) + 1, view.num_layers
+        stats = list(view.stats) + [None] * (n - len(view.stats))
+        obs = list(view.obs) + [None] * (n - len(view.obs))
+        models = [None if s is None else stage_model(s, cost=self.cost, context=view.context)
+                  for s in stats]  # fmt: skip
+        if self.bypass and n > 2:
+            link = self._link_rule(view, models, obs)
+            if link is not None:
+                return link
+        active, reduced = active_ring(view.cuts, num_layers)
+        if any(models[a] is None for a in active):
             return Decision(view.cuts, "adaptive: waiting for every stage's window statistics")
-        models = [stage_model(s, cost=self.cost, context=view.context) for s in stats]  # type: ignore[arg-type]
-        now = predict(view.cuts, models, view.num_layers)
-        target = best_cuts(models, view.num_layers, start=view.cuts)
-        then = predict(target, models, view.num_layers)
+        sub = [models[a] for a in active]
+
+        def full(cuts: Sequence[int]) -> tuple[int, ...]:
+            return expand_cuts(cuts, active, n, num_layers)
+
+        now = predict(reduced, sub, num_layers)  # type: ignore[arg-type]
+        target = best_cuts(sub, num_layers, start=reduced)  # type: ignore[arg-type]
+        then = predict(target, sub, num_layers)  # type: ignore[arg-type]
         gain = (sum(now) - sum(then)) / sum(now) if sum(now) > 0 else 0.0
-        if target == tuple(view.cuts) or gain <= self.hysteresis:
-            return Decision(view.cuts, f"adaptive: hold (target {list(target)} gains {gain:.1%} "
-                            f"<= hysteresis {self.hysteresis:.0%})", now)  # fmt: skip
+        if target == tuple(reduced) or gain <= self.hysteresis:
+            return Decision(view.cuts, f"adaptive: hold (target {list(full(target))} gains "
+                            f"{gain:.1%} <= hysteresis {self.hysteresis:.0%})", now)  # fmt: skip
         steps = []
-        for b, (c, t) in enumerate(zip(view.cuts, target, strict=True)):
+        for b, (c, t) in enumerate(zip(reduced, target, strict=True)):
             if c != t:
-                step = list(view.cuts)
+                step = list(reduced)
                 step[b] += 1 if t > c else -1
                 steps.append(tuple(step))
-        steps = [c for c in steps if c in _neighbours(tuple(view.cuts), view.num_layers)]
+        steps = [c for c in steps if c in _neighbours(tuple(reduced), num_layers)]
         if not steps:  # every step toward the target would empty a stage
-            return Decision(view.cuts, f"adaptive: hold (no valid step toward {list(target)})", now)
-        step = min(steps, key=lambda c: _score(predict(c, models, view.num_layers)))
-        after = predict(step, models, view.num_layers)
+            return Decision(view.cuts, f"adaptive: hold (no valid step toward {list(full(target))})", now)  # fmt: skip
+        step = min(steps, key=lambda c: _score(predict(c, sub, num_layers)))  # type: ignore[arg-type]
+        after = predict(step, sub, num_layers)  # type: ignore[arg-type]
         if sum(after) > sum(now):
-            return Decision(view.cuts, f"adaptive: hold (a step toward {list(target)} raises the predicted TPOT)", now)  # fmt: skip
-        self.history.append(step)
-        return Decision(step, f"adaptive: toward {list(target)} (predicted TPOT {sum(now):.2f} -> "
-                        f"{sum(then):.2f} ms, gain {gain:.1%})", after)  # fmt: skip
+            return Decision(view.cuts, f"adaptive: hold (a step toward {list(full(target))} raises the predicted TPOT)", now)  # fmt: skip
+        self.history.append(full(step))
+        return Decision(full(step), f"adaptive: toward {list(full(target))} (predicted TPOT "
+                        f"{sum(now):.2f} -> {sum(then):.2f} ms, gain {gain:.1%})", after)  # fmt: skip
+
+    def _link_rule(self, view: WindowView, models: Sequence[tuple[float, float] | None],
+                   obs: Sequence[Mapping[str, float] | None]) -> Decision | None:  # fmt: skip
+        """Route around a stage behind a slow link, or give a recovered one a block back."""
+        n, num_layers = len(view.cuts) + 1, view.num_layers
+        blocks = stage_blocks(view.cuts, num_layers)
+        bounds = [0, *view.cuts, num_layers]
+        for s in range(1, n - 1):
+            factor = link_factor(obs[s])
+            if blocks[s] > 0 and factor < self.link_low:
+                start, stop = bounds[s], bounds[s + 1]
+                splits = ([start] if blocks[s - 1] == 0 else [stop] if blocks[s + 1] == 0
+                          else list(range(start, stop + 1)))  # fmt: skip
+
+                def cost(m: int, s: int = s) -> float:
+                    left, right = models[s - 1], models[s + 1]
+                    extra = 0.0
+                    if left is not None:
+                        extra += (m - bounds[s]) * left[1]
+                    if right is not None:
+                        extra += (bounds[s + 1] - m) * right[1]
+                    return extra
+
+                m = min(splits, key=lambda m: (cost(m), abs(2 * m - start - stop)))
+                cuts = list(view.cuts)
+                cuts[s - 1] = cuts[s] = m
+                self.history.append(tuple(cuts))
+                return Decision(tuple(cuts), f"adaptive: route around stage {s} (link_obs "
+                                f"{factor:.2f} < planner.link_low {self.link_low:g}): its "
+                                f"{blocks[s]} blocks to stages {s - 1} and {s + 1}")  # fmt: skip
+            if blocks[s] == 0 and factor >= self.link_high:
+                donors = [d for d in (s - 1, s + 1) if blocks[d] > 1]
+                if not donors:
+                    continue
+                known = {d: models[d] for d in donors if models[d] is not None}
+                donor = max(donors, key=lambda d: (known[d][0] + blocks[d] * known[d][1])
+                            if d in known else blocks[d])  # fmt: skip
+                cuts = list(view.cuts)
+                if donor == s - 1:
+                    cuts[s - 1] -= 1  # its last block moves up into stage s
+                else:
+                    cuts[s] += 1  # stage s+1's first block moves down into stage s
+                self.history.append(tuple(cuts))
+                return Decision(tuple(cuts), f"adaptive: stage {s}'s link is back (link_obs "
+                                f"{factor:.2f} >= planner.link_high {self.link_high:g}): one "
+                                f"block from stage {donor}")  # fmt: skip
+        return None
 
 
 DEFAULT_LOAD_MS_PER_BLOCK = 20.0  # L_n slope when the calibration has no load fit (said so)
@@ -494,7 +581,13 @@ def _adaptive(cfg: AdaptivePlannerConfig) -> Adaptive:
         raise ConfigError(f"planner.hysteresis={cfg.hysteresis}: must be in [0, 1)")
     cost = (CostModel.from_calibration(cfg.cost_model, record_key=cfg.calibration_key)
             if cfg.cost_model else None)  # fmt: skip
-    return Adaptive(hysteresis=cfg.hysteresis, cost=cost)
+    if not 0 < cfg.link_low < cfg.link_high <= 1:
+        raise ConfigError(
+            f"planner.link_low={cfg.link_low}, planner.link_high={cfg.link_high}: need "
+            "0 < link_low < link_high <= 1"
+        )
+    return Adaptive(hysteresis=cfg.hysteresis, cost=cost, link_low=cfg.link_low,
+                    link_high=cfg.link_high)  # fmt: skip
 
 
 register_planner("noop", NoopPlannerConfig, lambda cfg: Noop())

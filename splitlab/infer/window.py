@@ -222,15 +222,17 @@ class StageControl:
         """A stage without blocks (`architecture.bypass`): the next barrier, whatever its token.
 
         The ring decoded one position per step meanwhile, so at PROPOSE{token} this stage's
-        position is `pos + token - last_step`. Returns (token, position), or None on CLOSE.
+        position is `pos + token - last_step`; its observation is sampled at that token (it
+        is idle, nothing to keep off a critical path). Returns (token, position), or None on
+        CLOSE.
         """
-        obs = observe(self.drift, last_step)
         t_wait = time.perf_counter()
         msg = self._await_propose()
         if msg is None:
             return None
         if msg.token < last_step:
             raise ProtocolError(f"stage {self.stage}: PROPOSE at token {msg.token}, before this stage's last step {last_step}")  # fmt: skip
+        obs = observe(self.drift, msg.token)
         pos += msg.token - last_step
         self._run(msg, step=msg.token, pos=pos, stats=stats, obs=obs, t_wait=t_wait)
         return msg.token, pos

@@ -15,9 +15,12 @@ import json
 import pytest
 import torch
 
+from splitlab.config.enums import DriftSource
+from splitlab.config.schema import DriftConfig
 from splitlab.configure import compose_config
+from splitlab.drift.source import make_source
 from splitlab.errors import ConfigError
-from splitlab.infer.planners import Scripted
+from splitlab.infer.planners import Adaptive, Scripted
 from splitlab.infer.ring import GenParams
 from splitlab.launch.ring import run_ring
 from splitlab.reference.tiny import local_ring
@@ -69,6 +72,22 @@ def _view():
     from splitlab.infer.planners import WindowView
 
     return WindowView(token=10, cuts=(3, 6), num_layers=9)
+
+
+def test_adaptive_routes_around_a_stage_whose_link_degrades_and_keeps_every_token(
+    tiny9, noshift
+) -> None:
+    drift = DriftConfig(name="link_degrade", source=DriftSource.replay, phi=20.0, slow_stage=1,
+                        length_tokens=40)  # fmt: skip
+    drifts = [make_source(drift, stage=s, num_stages=3, run_id="t", run_dir=None) for s in range(3)]
+    result, computes = local_ring(tiny9, CUTS, PROMPT, GEN, window=5, drifts=drifts,
+                                  planner=Adaptive(bypass=True), bypass=True)  # fmt: skip
+    assert result.token_ids == noshift
+    assert computes[1].layer_ids == [] and computes[0].layer_ids + computes[2].layer_ids == list(
+        range(9)
+    )
+    around = [w for w in result.windows if "route around stage 1" in w["decision"]]
+    assert len(around) == 1, [w["decision"] for w in result.windows]
 
 
 @pytest.mark.slow

@@ -144,3 +144,50 @@ def test_adaptive_never_proposes_a_stage_without_blocks() -> None:
     stats = [_stats(0, 5), _stats(1, 1, phi=3.0), _stats(2, 6, per_block=2.0)]
     d = Adaptive(hysteresis=0.05).decide(_view([5, 6], stats, num_layers=12))
     check_cuts(d.cuts, 12)
+
+
+def _link(factor: float) -> dict[str, float]:
+    return {"theta_obs": 1.0, "q_cmp_obs": 0.5, "q_mem_obs": 0.1, "link_obs": factor}
+
+
+def test_adaptive_with_bypass_routes_around_a_stage_behind_a_slow_link() -> None:
+    stats = [_stats(0, 10), _stats(1, 10), _stats(2, 10)]
+    slow = [_link(1.0), _link(0.3), _link(1.0)]
+    view = WindowView(token=20, cuts=(10, 20), num_layers=30, stats=tuple(stats), obs=tuple(slow))
+    assert Adaptive().decide(view).cuts == (10, 20)  # without bypass no cut removes a hop
+
+    d = Adaptive(bypass=True).decide(view)
+    assert d.cuts == (15, 15) and "route around stage 1" in d.reason  # split evenly
+    check_cuts(d.cuts, 30, bypass=True)
+    # a slower left neighbour gets fewer of the blocks
+    stats[0] = _stats(0, 10, per_block=3.0)
+    d = Adaptive(bypass=True).decide(
+        WindowView(token=20, cuts=(10, 20), num_layers=30, stats=tuple(stats), obs=tuple(slow))
+    )
+    assert d.cuts == (10, 10)
+
+
+def test_adaptive_balances_the_stages_that_own_blocks_while_one_is_skipped() -> None:
+    planner = Adaptive(bypass=True, hysteresis=0.05)
+    stats = (_stats(0, 15, per_block=3.0), None, _stats(2, 15))  # stage 1 skipped: no stats
+    slow = (_link(1.0), _link(0.3), _link(1.0))
+    d = planner.decide(WindowView(token=40, cuts=(15, 15), num_layers=30, stats=stats, obs=slow))
+    assert d.cuts == (14, 14) and "toward" in d.reason  # one block off the slow head, 1 stays empty
+
+
+def test_adaptive_gives_a_skipped_stage_a_block_back_when_its_link_recovers() -> None:
+    planner = Adaptive(bypass=True)
+    stats = (_stats(0, 15), None, _stats(2, 15, per_block=2.0))
+    back = (_link(1.0), _link(0.95), _link(1.0))
+    d = planner.decide(WindowView(token=60, cuts=(15, 15), num_layers=30, stats=stats, obs=back))
+    assert d.cuts == (15, 16) and "link is back" in d.reason  # from the slower stage 2
+    held = (_link(1.0), _link(0.6), _link(1.0))  # between link_low and link_high: stays skipped
+    d = planner.decide(WindowView(token=60, cuts=(15, 15), num_layers=30, stats=stats, obs=held))
+    assert d.cuts[0] == d.cuts[1]
+
+
+def test_adaptive_link_thresholds_are_checked() -> None:
+    with pytest.raises(ConfigError, match="planner.link_low"):
+        make_planner(AdaptivePlannerConfig(link_low=0.9, link_high=0.5))
+    planner = make_planner(AdaptivePlannerConfig(), bypass=True)
+    assert isinstance(planner, Adaptive) and planner.bypass
