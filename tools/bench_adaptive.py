@@ -113,14 +113,22 @@ def run_arm(base: list[str], *, window: int, planner: dict, drift: dict, tag: st
     tpot = result["tpot_ms"][window:]  # tpot_ms[i] is decode step i + 1: skip the first window
     pauses = sum(w["barrier_ms"] for w in windows if w["token"] >= window)
     decode = [[r for r in head_records(run_dir, "token", s) if r["token"] > window] for s in range(len(HOSTS))]  # fmt: skip
-    compute = [statistics.fmean(r["compute_ms"] for r in rs) for rs in decode]
+    compute = [statistics.fmean(r["compute_ms"] for r in rs) if rs else 0.0 for rs in decode]
+    # per token, the compute of the stages it visited (a skipped stage, architecture.bypass,
+    # has no record for the tokens it did not see); the rest of its TPOT is hops and waits
+    per_token: dict[int, float] = {}
+    for rs in decode:
+        for r in rs:
+            per_token[r["token"]] = per_token.get(r["token"], 0.0) + r["compute_ms"]
+    steps = range(window + 1, window + 1 + len(tpot))
+    link = statistics.fmean(t - per_token.get(s, 0.0) for t, s in zip(tpot, steps, strict=True))
     return {
         "tag": tag, "run_dir": str(run_dir), "token_ids": result["token_ids"],
         "tpot_mean_ms": statistics.fmean(tpot), "tpot_median_ms": statistics.median(tpot),
         "effective_mean_ms": (sum(tpot) + pauses) / len(tpot), "barrier_total_ms": pauses,
         "stage_compute_mean_ms": compute,
-        "link_mean_ms": statistics.fmean(tpot) - sum(compute),  # the hops and waits, per token
-        "stage_real_mean_ms": [statistics.fmean(r["real_ms"] for r in rs) for rs in decode],
+        "link_mean_ms": link,  # the hops and waits, per token
+        "stage_real_mean_ms": [statistics.fmean(r["real_ms"] for r in rs) if rs else 0.0 for rs in decode],
         "cuts": [w["cuts"] for w in windows],
         "moves": sum(1 for i, w in enumerate(windows) if w["cuts"] != (windows[i - 1]["cuts"] if i else cuts)),
         "decisions": [w["decision"] for w in windows],

@@ -51,7 +51,7 @@ from splitlab.config.schema import (
     PlannerConfig,
 )
 from splitlab.errors import ConfigError, registered
-from splitlab.infer.reshard import check_cuts, shift_cuts
+from splitlab.infer.reshard import check_cuts, moves_between, shift_cuts
 from splitlab.infer.route import stage_blocks
 
 MAX_CANDIDATES = 200_000  # exhaustive target search up to this many cut sets, else local search
@@ -254,6 +254,16 @@ def _neighbours(cuts: tuple[int, ...], num_layers: int) -> list[tuple[int, ...]]
     return out
 
 
+def _moves_ok(old: Sequence[int], new: Sequence[int], num_layers: int) -> bool:
+    """Whether `new` is one reconfiguration from `old` in the full ring (a block cannot jump
+    over a skipped stage: KV moves between neighbours only)."""
+    try:
+        moves_between(old, new, num_layers, bypass=True)
+    except ConfigError:
+        return False
+    return True
+
+
 def active_ring(cuts: Sequence[int], num_layers: int) -> tuple[list[int], tuple[int, ...]]:
     """(the stages that own blocks, the cuts of the ring of those stages alone)."""
     blocks = stage_blocks(cuts, num_layers)
@@ -318,7 +328,8 @@ class Adaptive:
                 step = list(reduced)
                 step[b] += 1 if t > c else -1
                 steps.append(tuple(step))
-        steps = [c for c in steps if c in _neighbours(tuple(reduced), num_layers)]
+        steps = [c for c in steps if c in _neighbours(tuple(reduced), num_layers)
+                 and _moves_ok(view.cuts, full(c), num_layers)]  # fmt: skip
         if not steps:  # every step toward the target would empty a stage
             return Decision(view.cuts, f"adaptive: hold (no valid step toward {list(full(target))})", now)  # fmt: skip
         step = min(steps, key=lambda c: _score(predict(c, sub, num_layers)))  # type: ignore[arg-type]
@@ -342,14 +353,15 @@ class Adaptive:
                 splits = ([start] if blocks[s - 1] == 0 else [stop] if blocks[s + 1] == 0
                           else list(range(start, stop + 1)))  # fmt: skip
 
-                def cost(m: int, s: int = s) -> float:
-                    left, right = models[s - 1], models[s + 1]
-                    extra = 0.0
-                    if left is not None:
-                        extra += (m - bounds[s]) * left[1]
-                    if right is not None:
-                        extra += (bounds[s + 1] - m) * right[1]
-                    return extra
+                def cost(m: int, s: int = s, start: int = start, stop: int = stop) -> float:
+                    """The slower of the two neighbours after the split (balanced, not the
+                    sum: a host under a CPU quota slows more than linearly past its share)."""
+                    out = []
+                    for d, n_blocks in ((s - 1, blocks[s - 1] + m - start),
+                                        (s + 1, blocks[s + 1] + stop - m)):  # fmt: skip
+                        model = models[d]
+                        out.append(n_blocks if model is None else model[0] + n_blocks * model[1])
+                    return max(out)
 
                 m = min(splits, key=lambda m: (cost(m), abs(2 * m - start - stop)))
                 cuts = list(view.cuts)

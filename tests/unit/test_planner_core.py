@@ -169,10 +169,15 @@ def test_adaptive_with_bypass_routes_around_a_stage_behind_a_slow_link() -> None
 
 def test_adaptive_balances_the_stages_that_own_blocks_while_one_is_skipped() -> None:
     planner = Adaptive(bypass=True, hysteresis=0.05)
-    stats = (_stats(0, 15, per_block=3.0), None, _stats(2, 15))  # stage 1 skipped: no stats
-    slow = (_link(1.0), _link(0.3), _link(1.0))
-    d = planner.decide(WindowView(token=40, cuts=(15, 15), num_layers=30, stats=stats, obs=slow))
-    assert d.cuts == (14, 14) and "toward" in d.reason  # one block off the slow head, 1 stays empty
+    # four stages, stage 2 skipped (no stats): blocks move between 0 and 1, never over stage 2
+    stats = (_stats(0, 8, per_block=3.0), _stats(1, 7), None, _stats(3, 15))
+    slow = (_link(1.0), _link(1.0), _link(0.3), _link(1.0))
+    d = planner.decide(WindowView(token=40, cuts=(8, 15, 15), num_layers=30, stats=stats, obs=slow))
+    assert d.cuts == (7, 15, 15) and "toward" in d.reason
+    # three stages, stage 1 skipped: the head and the tail are not neighbours, nothing moves
+    stats3 = (_stats(0, 15, per_block=3.0), None, _stats(2, 15))
+    view = WindowView(token=40, cuts=(15, 15), num_layers=30, stats=stats3, obs=slow[1:])
+    assert planner.decide(view).cuts == (15, 15)
 
 
 def test_adaptive_gives_a_skipped_stage_a_block_back_when_its_link_recovers() -> None:
