@@ -70,6 +70,10 @@ def test_ring_on_ring3_edge_matches_one_process_and_leaves_nothing(tmp_path) -> 
         assert wire["delay_source"] == "transport"
     assert record["links"]["dev1"]["delay_source"] == "transport"
     assert record["links"]["dev0"]["probed"]["up_mbit"] > 0
+    # the control star crosses the same links: PROPOSE to dev1 and its ACK back each take the
+    # 2 ms path delay, so the head reads stage 1's answer no sooner than 4 ms after proposing
+    head_windows = [r for r in _records(tmp_path, 0) if r["kind"] == "window"]
+    assert head_windows and all(w["answer_ms"]["1"] >= 4.0 for w in head_windows), head_windows
     assert _leftovers(record["session"]) == []
 
 
