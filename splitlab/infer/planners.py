@@ -23,6 +23,9 @@ parameters (`splitlab.config.schema`); `make_planner(cfg)` builds one from that 
   14/1/15 (32). The planner moves only if the target beats the current sum by more than
   `hysteresis` (relative), and then by one block at one boundary per window, so it cannot
   oscillate on noise (between equally fast stages noise of +-e moves the sum by at most ~e).
+  With `architecture.bypass` it also reads `link_obs`: a middle stage behind a link below
+  `link_low` gives all its blocks to its neighbours at once (the ring then skips it), balancing
+  runs over the stages that own blocks, and a skipped stage takes a block back at `link_high`.
 - `model` (`ModelPlanner`): the same stage model from a calibration (`Calibration`: decode fit,
   L_n, link latency; defaults named where the file is silent) corrected by the observations
   (compute trend from q_cmp_obs, link_obs per hop, no blocks to a stage at q_mem_obs >=
