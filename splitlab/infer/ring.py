@@ -48,7 +48,7 @@ from splitlab.drift.inject import inject
 from splitlab.errors import AbortedError, ConfigError, ExitCode, PeerLostError, ProtocolError
 from splitlab.infer.compute import StageCompute
 from splitlab.infer.parity import parity_mismatches
-from splitlab.infer.route import Route, route
+from splitlab.infer.route import Route, route, stage_blocks
 from splitlab.infer.sampling import check_sampling, new_generator, sample_token
 from splitlab.telemetry.records import TokenRecord
 from splitlab.telemetry.trace import Tracer
@@ -205,6 +205,12 @@ class RingStage:
         if self._routes is None or self._routes[0] != cuts:
             self._routes = (cuts, route(i, cuts, self.identity.num_layers))
         return self._routes[1]
+
+    def _any_skipped(self) -> bool:
+        """Whether some stage owns no blocks under the current cuts (`architecture.bypass`)."""
+        if self.peers is None or self.control is None:
+            return False
+        return 0 in stage_blocks(self.control.migrator.cuts, self.identity.num_layers)
 
     def _pipe(self, stage: int, *, inbound: bool) -> Pipe:
         pipe = self.peers.get(stage) if self.peers else (self.up if inbound else self.down)
@@ -389,7 +395,7 @@ class RingStage:
     def _finish(self, reason: str, *, closed: bool = False) -> None:
         if self.num_stages > 1:
             here = self.route()
-            if here.skipped and not closed:  # skipped stages wait on the star, not the ring
+            if not closed and self._any_skipped():  # they wait on the star, not the ring
                 self.control.close("end of generation")
             for stage in here.fan_out():
                 self._send("stop", {}, to=stage, reason=reason)

@@ -63,6 +63,17 @@ def test_in_process_a_stage_left_empty_to_the_end_stops_with_the_ring(tiny9, nos
     assert computes[1].layer_ids == [] and computes[2].layer_ids == [3, 4, 5, 6, 7, 8]
 
 
+def test_in_process_four_stages_a_skipped_stage_not_next_to_the_head_stops_with_the_ring(
+    tiny9, noshift
+) -> None:
+    # stage 2 of 4 emptied into stage 1: the head sends to stage 1 as before, and at the end
+    # (token 29, not a barrier) it must still CLOSE the star for stage 2 to stop
+    result, computes = local_ring(tiny9, [2, 4, 6], PROMPT, GEN, window=5, bypass=True,
+                                  planner=Scripted([(10, 2, 2)], bypass=True))  # fmt: skip
+    assert result.token_ids == noshift
+    assert [c.layer_ids for c in computes] == [[0, 1], [2, 3, 4, 5], [], [6, 7, 8]]
+
+
 def test_without_bypass_a_shift_that_empties_a_stage_is_refused() -> None:
     with pytest.raises(ConfigError, match="leaves a stage without blocks"):
         Scripted([(10, 1, 3)]).decide(_view())
@@ -110,3 +121,22 @@ def test_tcp_a_stage_emptied_and_refilled_keeps_every_token(tiny9, noshift, tmp_
     skipped = [r["token"] for r in _records(tmp_path / "traces" / "stage-1.jsonl")
                if r["kind"] == "token"]  # fmt: skip
     assert skipped == [*range(0, 11), *range(21, 30)]
+
+
+@pytest.mark.slow
+def test_tcp_four_stages_route_over_a_connection_dialled_at_start(tiny9, noshift, tmp_path) -> None:
+    # stage 2 of 4 emptied: stage 1 then sends to stage 3 over the connection bypass dials
+    hosts = ["127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"]
+    cfg = compose_config([
+        "task=infer", "model=tiny_llama", "model.num_layers=9", "model.source=hub",
+        f"model.id={tiny9}", "architecture.cuts=[2,4,6]", "architecture.window=5",
+        "architecture.bypass=true", f"architecture.peer_hosts=[{','.join(hosts)}]",
+        f"task.max_new_tokens={GEN.max_new_tokens}",
+        f"task.prompt_ids=[{','.join(map(str, PROMPT[0].tolist()))}]",
+    ])  # fmt: skip
+    group, result = run_ring(cfg, run_dir=tmp_path, timeout_s=240,
+                             stage_args={0: ["--scripted-shifts", "10:2:2"]})  # fmt: skip
+    assert group.exit_code == 0, group.diagnosis()
+    assert result is not None and result["token_ids"] == noshift
+    tail = [r for r in _records(tmp_path / "traces" / "stage-3.jsonl") if r["kind"] == "transport"]
+    assert tail and tail[-1]["activation.frames_recv"] > GEN.max_new_tokens
