@@ -101,21 +101,27 @@ def test_adaptive_routes_around_a_stage_whose_link_degrades_and_keeps_every_toke
     assert len(around) == 1, [w["decision"] for w in result.windows]
 
 
-@pytest.mark.slow
-def test_tcp_a_stage_emptied_and_refilled_keeps_every_token(tiny9, noshift, tmp_path) -> None:
-    hosts = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+def _tcp_ring(tiny9, cuts: list[int], script: str, run_dir, noshift: list[int]) -> None:
+    """The ring over TCP, one stage process per loopback address, with `script`'s shifts;
+    asserts it ran to the end with the unmoved ring's tokens."""
+    hosts = [f"127.0.0.{i + 1}" for i in range(len(cuts) + 1)]
     cfg = compose_config([
         "task=infer", "model=tiny_llama", "model.num_layers=9", "model.source=hub",
-        f"model.id={tiny9}", "architecture.cuts=[3,6]", "architecture.window=5",
-        "architecture.bypass=true", f"architecture.peer_hosts=[{','.join(hosts)}]",
-        f"task.max_new_tokens={GEN.max_new_tokens}",
+        f"model.id={tiny9}", f"architecture.cuts=[{','.join(map(str, cuts))}]",
+        "architecture.window=5", "architecture.bypass=true",
+        f"architecture.peer_hosts=[{','.join(hosts)}]", f"task.max_new_tokens={GEN.max_new_tokens}",
         f"task.prompt_ids=[{','.join(map(str, PROMPT[0].tolist()))}]",
     ])  # fmt: skip
-    script = ",".join(f"{t}:{b}:{k}" for t, b, k in OUT_AND_BACK)
-    group, result = run_ring(cfg, run_dir=tmp_path, timeout_s=240,
+    group, result = run_ring(cfg, run_dir=run_dir, timeout_s=240,
                              stage_args={0: ["--scripted-shifts", script]})  # fmt: skip
     assert group.exit_code == 0, group.diagnosis()
     assert result is not None and result["token_ids"] == noshift
+
+
+@pytest.mark.slow
+def test_tcp_a_stage_emptied_and_refilled_keeps_every_token(tiny9, noshift, tmp_path) -> None:
+    script = ",".join(f"{t}:{b}:{k}" for t, b, k in OUT_AND_BACK)
+    _tcp_ring(tiny9, CUTS, script, tmp_path, noshift)
     head = [r for r in _records(tmp_path / "traces" / "stage-0.jsonl") if r["kind"] == "window"]
     assert [w["cuts"] for w in head] == [[3, 6], [6, 6], [6, 6], [3, 6], [3, 6]]
     skipped = [r["token"] for r in _records(tmp_path / "traces" / "stage-1.jsonl")
@@ -126,17 +132,6 @@ def test_tcp_a_stage_emptied_and_refilled_keeps_every_token(tiny9, noshift, tmp_
 @pytest.mark.slow
 def test_tcp_four_stages_route_over_a_connection_dialled_at_start(tiny9, noshift, tmp_path) -> None:
     # stage 2 of 4 emptied: stage 1 then sends to stage 3 over the connection bypass dials
-    hosts = ["127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"]
-    cfg = compose_config([
-        "task=infer", "model=tiny_llama", "model.num_layers=9", "model.source=hub",
-        f"model.id={tiny9}", "architecture.cuts=[2,4,6]", "architecture.window=5",
-        "architecture.bypass=true", f"architecture.peer_hosts=[{','.join(hosts)}]",
-        f"task.max_new_tokens={GEN.max_new_tokens}",
-        f"task.prompt_ids=[{','.join(map(str, PROMPT[0].tolist()))}]",
-    ])  # fmt: skip
-    group, result = run_ring(cfg, run_dir=tmp_path, timeout_s=240,
-                             stage_args={0: ["--scripted-shifts", "10:2:2"]})  # fmt: skip
-    assert group.exit_code == 0, group.diagnosis()
-    assert result is not None and result["token_ids"] == noshift
+    _tcp_ring(tiny9, [2, 4, 6], "10:2:2", tmp_path, noshift)
     tail = [r for r in _records(tmp_path / "traces" / "stage-3.jsonl") if r["kind"] == "transport"]
     assert tail and tail[-1]["activation.frames_recv"] > GEN.max_new_tokens
