@@ -267,6 +267,9 @@ def _moves_ok(old: Sequence[int], new: Sequence[int], num_layers: int) -> bool:
     return True
 
 
+MAX_BACKOFF = 8  # barriers adaptive holds at most after moves that did not commit
+
+
 def active_ring(cuts: Sequence[int], num_layers: int) -> tuple[list[int], tuple[int, ...]]:
     """(the stages that own blocks, the cuts of the ring of those stages alone)."""
     blocks = stage_blocks(cuts, num_layers)
@@ -299,8 +302,29 @@ class Adaptive:
     bypass: bool = False
     link_low: float = 0.5
     link_high: float = 0.9
+    expected: tuple[int, ...] | None = None  # the cuts the last move proposed
+    backoff: int = 0  # barriers to hold after an aborted move (doubles per abort, at most 8)
+    holding: int = 0
 
     def decide(self, view: WindowView) -> Decision:
+        """`_decide`, held for `backoff` barriers after a move that did not commit (a NACK:
+        e.g. a KV transfer over a slowed link that outlasted `architecture.ctrl_timeout_s`),
+        so a move that keeps failing does not cost a timed-out barrier every window."""
+        cuts = tuple(view.cuts)
+        if self.expected is not None:
+            aborted = cuts != self.expected
+            self.backoff = min(2 * self.backoff or 1, MAX_BACKOFF) if aborted else 0
+            self.holding, self.expected = self.backoff, None
+        if self.holding > 0:
+            self.holding -= 1
+            return Decision(view.cuts, f"adaptive: hold (backing off {self.backoff} barriers "
+                            "after a move that did not commit)")  # fmt: skip
+        decision = self._decide(view)
+        if tuple(decision.cuts) != cuts:
+            self.expected = tuple(decision.cuts)
+        return decision
+
+    def _decide(self, view: WindowView) -> Decision:
         n, num_layers = len(view.cuts) + 1, view.num_layers
         stats = list(view.stats) + [None] * (n - len(view.stats))
         obs = list(view.obs) + [None] * (n - len(view.obs))

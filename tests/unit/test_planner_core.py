@@ -196,3 +196,17 @@ def test_adaptive_link_thresholds_are_checked() -> None:
         make_planner(AdaptivePlannerConfig(link_low=0.9, link_high=0.5))
     planner = make_planner(AdaptivePlannerConfig(), bypass=True)
     assert isinstance(planner, Adaptive) and planner.bypass
+
+
+def test_adaptive_backs_off_after_a_move_that_did_not_commit() -> None:
+    planner = Adaptive(bypass=True)
+    stats = (_stats(0, 10), _stats(1, 10), _stats(2, 10))
+    slow = (_link(1.0), _link(0.3), _link(1.0))
+    view = WindowView(token=20, cuts=(10, 20), num_layers=30, stats=stats, obs=slow)
+    reasons = [planner.decide(view).reason for _ in range(7)]  # every proposal NACKed
+    moves = [i for i, r in enumerate(reasons) if "route around" in r]
+    assert moves == [0, 2, 5], reasons  # held 1, then 2 barriers (then 4, ...)
+    done = WindowView(token=20, cuts=(15, 15), num_layers=30, stats=stats, obs=slow)
+    planner = Adaptive(bypass=True)
+    planner.decide(view)
+    assert "backing off" not in planner.decide(done).reason  # committed: no back-off
