@@ -59,6 +59,7 @@ from splitlab.config.schema import DriftConfig
 from splitlab.configure import compose_config
 from splitlab.drift.kernel import KERNEL_LOG
 from splitlab.drift.source import generate_trace
+from splitlab.infer.route import stage_blocks
 from splitlab.infer.topology import resolve_ring
 from splitlab.launch.ring import run_ring
 from splitlab.telemetry.bench import BenchReport, bench_arg_parser, median
@@ -165,8 +166,7 @@ def phi_effect(slowed: list[dict], steady: list[dict], *, phi: float, slow_stage
 
 
 def blocks_on(cuts: list[int], stage: int, num_layers: int) -> int:
-    bounds = [0, *cuts, num_layers]
-    return bounds[stage + 1] - bounds[stage]
+    return stage_blocks(cuts, num_layers)[stage]
 
 
 def planner_arms(args: Any) -> dict[str, dict]:

@@ -56,6 +56,7 @@ from splitlab.errors import (
 from splitlab.infer.barrier import HeadBarrier, StageAction, StageBarrier
 from splitlab.infer.migration import Migrator, PrestageReport, prestage_error
 from splitlab.infer.planners import Planner, StageStats, WindowView
+from splitlab.infer.route import stage_blocks
 from splitlab.telemetry.records import MigrationRecord, WindowRecord
 from splitlab.telemetry.trace import Tracer
 
@@ -132,11 +133,6 @@ def host_kernel(drift: DriftSource | None) -> dict[str, Any] | None:
     on a testbed host), for the window record; None elsewhere."""
     kernel = getattr(drift, "kernel", None)
     return dict(kernel) if kernel else None
-
-
-def _num_blocks(migrator: Migrator, stage: int) -> int:
-    bounds = [0, *migrator.cuts, migrator.num_layers]
-    return bounds[stage + 1] - bounds[stage]
 
 
 def _migration_records(report: PrestageReport, *, stage: int, epoch: int, token: int,
@@ -251,8 +247,8 @@ class StageControl:
             report = self.migrator.prestage(msg.cuts, pos=pos, epoch=msg.epoch)
             if self.fault == "nack":  # pre-staged (its KV went out), then refuses
                 raise ProtocolError("refusing every epoch (fault injection)")
-            answer = Ack(epoch=msg.epoch, stage=self.stage, obs=obs,
-                         stats=stats.summary(_num_blocks(self.migrator, self.stage)),
+            blocks = stage_blocks(self.migrator.cuts, self.migrator.num_layers)[self.stage]
+            answer = Ack(epoch=msg.epoch, stage=self.stage, obs=obs, stats=stats.summary(blocks),
                          prestage_ms=(time.perf_counter() - t0) * 1e3)  # fmt: skip
         except Exception as exc:
             self.migrator.abort()
@@ -363,8 +359,8 @@ class HeadControl:
         report = PrestageReport()
         try:
             report = migrator.prestage(decision.cuts, pos=pos, epoch=epoch)
-            own: Ack | Nack = Ack(epoch=epoch, stage=0, obs=obs,
-                                  stats=stats.summary(_num_blocks(migrator, 0)))  # fmt: skip
+            blocks = stage_blocks(migrator.cuts, migrator.num_layers)[0]
+            own: Ack | Nack = Ack(epoch=epoch, stage=0, obs=obs, stats=stats.summary(blocks))
         except Exception as exc:
             migrator.abort()
             own = Nack(epoch=epoch, stage=0, reason=prestage_error(0, exc))
