@@ -55,6 +55,7 @@ TASKS: dict[str, str] = {
     "infer": "splitlab.launch.ring:run_infer",
     "calibrate": "splitlab.measure.calibrate:run_calibrate",
     "analyze": "splitlab.analysis.report:run_analyze",
+    "sft_rank": "splitlab.sft.study:run_sft_rank",
 }
 
 log = logging.getLogger("splitlab.cli")

@@ -234,6 +234,36 @@ def plot_sft_rank(table: pd.DataFrame) -> Figure:
     return fig
 
 
+def plot_sft_curves(curves: pd.DataFrame) -> Figure:
+    """Held-out accuracy against the optimizer step, a panel per `label` (the low-rank arms of
+    one depth/residual/form, a line per rank) with the baseline in each; a line is the mean over
+    seeds with their min-max as a band (`splitlab.sft.study`'s `sft_rank_curves.csv`)."""
+    _require(curves, ("label", "rank", "seed", "step", "accuracy"), "SFT learning curves")
+    mean = curves.groupby(["label", "rank", "step"])["accuracy"].agg(["mean", "min", "max"])
+    mean = mean.reset_index()
+    baseline = mean[mean["label"] == "baseline"]
+    labels = sorted(set(mean["label"]) - {"baseline"}) or ["baseline"]
+    cols = min(2, len(labels))
+    rows = -(-len(labels) // cols)
+    fig = Figure(figsize=(6 * cols, 3.6 * rows), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False)).ravel()
+    for ax, label in zip(axes, labels, strict=False):
+        if len(baseline):
+            ax.plot(baseline["step"], baseline["mean"], color="black", linestyle="--",
+                    label="baseline")  # fmt: skip
+        if label != "baseline":
+            for i, (rank, line) in enumerate(mean[mean["label"] == label].groupby("rank")):
+                color = _COLORS[i % len(_COLORS)]
+                ax.plot(line["step"], line["mean"], color=color, marker=".", label=f"R={rank}")
+                ax.fill_between(line["step"], line["min"], line["max"], color=color, alpha=0.15)
+        ax.set(title=str(label), xlabel="optimizer step", ylabel="held-out accuracy")
+        ax.legend(fontsize="small")
+    for ax in axes[len(labels) :]:
+        ax.set_visible(False)
+    fig.suptitle("SFT learning curves (mean over seeds, band min-max)", fontsize="medium")
+    return fig
+
+
 def plot_calibration(points: pd.DataFrame, fit: Fit | NoFit) -> Figure:
     """Measured points (`x`, `ms`) with the fitted curve and its coefficients and r^2."""
     _require(points, ("x", "ms"), f"{fit.model} calibration")

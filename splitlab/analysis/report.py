@@ -71,7 +71,8 @@ _CALIBRATION_FITS = {"decode": fit_decode, "prefill": fit_prefill, "link": fit_l
 # A study script's table RUN/<name>.csv (a run folder with no traces) -> the figure drawn from
 # it; the table and the figure go into the report under <name>.
 STUDY_TABLES: dict[str, Callable[[pd.DataFrame], Figure]] = {
-    "sft_rank": plots.plot_sft_rank,  # experiments/sft_rank/run.py
+    "sft_rank": plots.plot_sft_rank,  # splitlab.sft.study (experiments/sft_rank, task=sft_rank)
+    "sft_rank_curves": plots.plot_sft_curves,
 }
 
 

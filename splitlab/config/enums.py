@@ -14,6 +14,7 @@ class TaskName(str, Enum):
     infer = "infer"
     calibrate = "calibrate"
     analyze = "analyze"
+    sft_rank = "sft_rank"
 
 
 class CalibrateProbe(str, Enum):

@@ -90,6 +90,26 @@ class AnalyzeTaskConfig(TaskConfig):
     run_dir: str = MISSING  # a finished run folder (with traces/ and .hydra/)
 
 
+@dataclass
+class SftRankTaskConfig(TaskConfig):
+    """One arm of the low-rank cut study (`splitlab.sft.study`) at `seed`, into the study folder
+    `out`; the budget keys are `splitlab.sft.study.Study`'s (a folder holds one budget)."""
+
+    name: TaskName = TaskName.sft_rank
+    arm: str = "baseline"  # baseline, or DEPTH/RESIDUAL/R[/3f]: upper/drop/8, lower/keep/1/3f
+    out: str = "outputs/sft_rank"  # the study folder every arm and seed shares (resumable)
+    samples: int = 8530  # training examples (Rotten Tomatoes' train split)
+    val_samples: int = 1066  # held-out examples (its validation split)
+    epochs: int = 3
+    batch_size: int = 16
+    lr: float = 1e-4  # peak rate of the pre-trained weights (full fine-tuning)
+    head_lr: float = 1e-4  # the classifier's peak rate
+    factor_lr: float = 1e-4  # the low-rank factors' peak rate
+    warmup: float = 0.06  # fraction of the steps warming up linearly; then linear decay to 0
+    eval_every: int = 100  # steps between held-out evaluations (the learning curve)
+    data_seed: int = 1  # which examples are train and held-out (the same for every seed)
+
+
 # --- model ----------------------------------------------------------------------------------
 
 
@@ -432,6 +452,7 @@ GROUP_SCHEMAS: dict[str, dict[str, type]] = {
         "infer": InferTaskConfig,
         "calibrate": CalibrateTaskConfig,
         "analyze": AnalyzeTaskConfig,
+        "sft_rank": SftRankTaskConfig,
     },
     "model": {"model": ModelConfig},
     "architecture": {"u_shape": UShapeConfig, "two_stage": TwoStageConfig, "ring": RingConfig},

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from splitlab.config.enums import ArchitectureName, SftCut, TaskName
+from splitlab.config.enums import ArchitectureName, SftCut, TaskKind, TaskName
 from splitlab.config.schema import (
     Config,
     DataConfig,
@@ -260,6 +260,12 @@ def validate_config(cfg: Config) -> None:
         validate_data(cfg.data, arch.owners)
         if isinstance(cfg.task, FinetuneTaskConfig):
             validate_rounds(cfg.task)
+    elif task is TaskName.sft_rank:
+        _require(
+            TaskKind(cfg.data.task) is TaskKind.classification,
+            f"task=sft_rank needs a classification data set, not data={cfg.data.name} "
+            f"({TaskKind(cfg.data.task).value})",
+        )
     elif task in (TaskName.infer, TaskName.calibrate):
         _require(
             isinstance(arch, RingConfig),

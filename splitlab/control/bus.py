@@ -194,6 +194,6 @@ def open_bus(cfg: ControlConfig, *, session: str, node_id: str, timeout_s: float
 # The ring's stages run their barrier over the head's own control star, which needs no broker:
 # that is what `embedded` means for them. The ring over the broker is not built (refused).
 register_bus("embedded", _make_embedded, settings=_embedded_settings,
-             tasks=frozenset({"finetune", "infer", "calibrate", "analyze"}))  # fmt: skip
+             tasks=frozenset({"finetune", "infer", "calibrate", "analyze", "sft_rank"}))  # fmt: skip
 register_bus("rabbitmq", _make_rabbitmq, settings=_rabbitmq_settings,
              tasks=frozenset({"finetune", "analyze"}))  # fmt: skip

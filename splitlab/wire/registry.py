@@ -94,6 +94,8 @@ def _open_amqp(cfg: TransportConfig, facts: TransportFacts) -> Transport:
 # The ring's stages dial each other over TCP; calibration probes links over TCP; analysis sends
 # nothing, so every transport is fine there. Tensors over the broker for the ring, and every
 # fine-tuning role as threads of one process over `inproc`, are not built (refused, not faked).
-register_transport("tcp", _open_tcp, tasks=frozenset({"finetune", "infer", "calibrate", "analyze"}))
+register_transport(
+    "tcp", _open_tcp, tasks=frozenset({"finetune", "infer", "calibrate", "analyze", "sft_rank"})
+)
 register_transport("rabbitmq", _open_amqp, tasks=frozenset({"finetune", "analyze"}))
 register_transport("inproc", None, tasks=frozenset({"analyze"}))

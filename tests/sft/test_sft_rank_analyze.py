@@ -64,22 +64,33 @@ def test_analyze_refuses_a_folder_without_traces_or_a_study_table(tmp_path: Path
         analyze_run(tmp_path)
 
 
-def test_study_grid_runs_each_arm_in_each_svd_form(monkeypatch: pytest.MonkeyPatch) -> None:
-    import importlib.util
-    import sys
+def test_curves_draw_a_panel_per_arm_with_the_baseline_in_each() -> None:
+    rows = [
+        {"label": label, "rank": rank, "seed": seed, "step": step, "accuracy": acc + seed / 100}
+        for label, rank, acc in (("baseline", 384, 0.7), ("upper/drop", 8, 0.6),
+                                 ("upper/drop", 32, 0.65), ("lower/keep", 1, 0.5))
+        for seed in (0, 1)
+        for step in (0, 100, 200)
+    ]  # fmt: skip
 
-    spec = importlib.util.spec_from_file_location(
-        "sft_rank_run", Path(__file__).resolve().parents[2] / "experiments/sft_rank/run.py"
-    )
-    assert spec is not None and spec.loader is not None
-    study = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, study)  # its dataclasses look themselves up
-    spec.loader.exec_module(study)
-    two, three = study.SftFactors.two, study.SftFactors.three
+    fig = plots.plot_sft_curves(pd.DataFrame(rows))
 
-    grid = study.runs(study.QUICK, factors=(two, three), arms=("upper/drop",))
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in panels] == ["lower/keep", "upper/drop"]
+    upper = panels[1]
+    assert [line.get_label() for line in upper.get_lines()] == ["baseline", "R=8", "R=32"]
+    assert list(upper.get_lines()[1].get_ydata()) == pytest.approx([0.605] * 3)  # seed mean
+    assert plots.figure_has_data(fig)
 
-    assert [label for label, _ in grid] == ["baseline", "upper/drop", "upper/drop/3f"]
-    assert [sft.factors for _, sft in grid[1:]] == [two, three]
-    assert all(sft.rank == 8 and sft.residual.value == "drop" for _, sft in grid[1:])
-    assert len(study.runs(study.QUICK)) == 5  # the default grid: two factors, every arm
+
+def test_analyze_draws_the_curves_beside_the_table(tmp_path: Path) -> None:
+    study_table().to_csv(tmp_path / "sft_rank.csv", index=False)
+    pd.DataFrame(
+        {"label": ["baseline"] * 2 + ["upper/drop"] * 2, "rank": [384, 384, 8, 8],
+         "seed": [0] * 4, "step": [0, 50, 0, 50], "accuracy": [0.5, 0.8, 0.5, 0.7]}
+    ).to_csv(tmp_path / "sft_rank_curves.csv", index=False)  # fmt: skip
+
+    report = analyze_run(tmp_path)
+
+    assert report.figures["sft_rank_curves"].stat().st_size > 1000
+    assert "Figure: sft_rank_curves" in report.path.read_text(encoding="utf-8")
