@@ -345,6 +345,7 @@ class ModelPlannerConfig(PlannerConfig):
     calibration_key: str | None = None  # its record (model/device/dtype); None = its only one
     horizon_tokens: int = 64  # tokens a move's gain is counted over against its migration cost
     mem_high: float = 0.9  # q_mem_obs at or above which a stage receives no more blocks
+    confirm: int = 2  # barriers in a row that must pick the same target before a move (1 = at once)
 
 
 # --- testbed --------------------------------------------------------------------------------

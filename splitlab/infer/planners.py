@@ -548,43 +548,91 @@ class ModelPlanner:
     mem_high: float = 0.9
     name: str = "model"
     last_obs: tuple[dict[str, float] | None, ...] = ()
+    bypass: bool = False  # `architecture.bypass`: a middle stage may be left without blocks
+    confirm: int = 1  # barriers in a row that must pick the same target before it moves
+    pending: tuple[tuple[int, ...], int] | None = None  # (target, barriers it was picked at)
 
     def decide(self, view: WindowView) -> Decision:
+        """`_decide`, moving only once the same target came out `confirm` barriers in a row:
+        one window's measurements on a loaded host can mislead a planner that jumps (a tail
+        whose block time read low took eight blocks, then ran 3x slower)."""
+        decision = self._decide(view)
+        if not decision.moves(view.cuts):
+            self.pending = None
+            return decision
+        seen = self.pending[1] + 1 if self.pending and self.pending[0] == decision.cuts else 1
+        if seen < self.confirm:
+            self.pending = (decision.cuts, seen)
+            return Decision(tuple(view.cuts), f"model: hold (target {list(decision.cuts)} at "
+                            f"{seen} of planner.confirm={self.confirm} barriers in a row; "
+                            f"{decision.reason.removeprefix('model: ')})")  # fmt: skip
+        self.pending = None
+        return decision
+
+    def _decide(self, view: WindowView) -> Decision:
         stats = list(view.stats)
         prev, self.last_obs = self.last_obs, tuple(view.obs)
-        if len(stats) != len(view.cuts) + 1 or any(s is None for s in stats):
+        current, num_layers = tuple(view.cuts), view.num_layers
+        held = stage_blocks(current, num_layers)  # 0: a skipped stage (bypass), no statistics
+        if len(stats) != len(current) + 1 or any(
+            st is None and b for st, b in zip(stats, held, strict=True)
+        ):
             return Decision(view.cuts, "model: waiting for every stage's window statistics")
         obs = list(view.obs) + [None] * (len(stats) - len(view.obs))
         prev_obs = list(prev) + [None] * (len(stats) - len(prev))
         growth = self.calibration.context_growth(view.context, self.horizon_tokens)
-        models = []
+        measured: list[tuple[float, float] | None] = []
         for s, st in enumerate(stats):
+            if not held[s]:
+                measured.append(None)
+                continue
             fixed, rate = stage_model(st, cost=None, context=view.context)  # type: ignore[arg-type]
             trend = compute_trend(prev_obs[s], obs[s])
-            models.append((fixed * trend, rate * trend * growth))
-        link_ms = sum(self.calibration.link_alpha_ms / link_factor(o) for o in obs)
+            measured.append((fixed * trend, rate * trend * growth))
+        models = [m if m is not None else (0.0, _neighbour_rate(measured, s))
+                  for s, m in enumerate(measured)]  # fmt: skip
+        links = [link_trend(p, o) if self.bypass else link_factor(o)
+                 for p, o in zip(prev_obs, obs, strict=True)]  # fmt: skip
+        hop_ms = [self.calibration.link_alpha_ms / f for f in links]
         full = [q for q, o in enumerate(obs) if (o or {}).get("q_mem_obs", 0.0) >= self.mem_high]
-        current, num_layers = tuple(view.cuts), view.num_layers
+
+        def times(cuts: tuple[int, ...]) -> tuple[float, ...]:
+            """Per stage; with bypass a stage without blocks is skipped: no time, no hop."""
+            out = predict(cuts, models, num_layers)
+            if not self.bypass:
+                return out
+            return tuple(t if b else 0.0 for t, b in zip(out, stage_blocks(cuts, num_layers),
+                                                         strict=True))  # fmt: skip
+
+        def link_ms(cuts: tuple[int, ...]) -> float:
+            if not self.bypass:
+                return sum(hop_ms)  # every token crosses every hop whatever the cuts
+            return sum(h for h, b in zip(hop_ms, stage_blocks(cuts, num_layers), strict=True) if b)
 
         def tpot(cuts: tuple[int, ...]) -> float:
-            return sum(predict(cuts, models, num_layers)) + link_ms
+            return sum(times(cuts)) + link_ms(cuts)
 
         def migration(cuts: tuple[int, ...]) -> float:
-            return sum(map(self.calibration.load_ms, blocks_received(current, cuts, num_layers)))
+            """L_n summed over the receivers; with bypass also the blocks' state leaving each
+            donor over its own link, taken as L_n at nominal and 1/link_obs slower."""
+            ms = sum(map(self.calibration.load_ms, blocks_received(current, cuts, num_layers)))
+            if self.bypass:
+                given = blocks_given(current, cuts, num_layers)
+                ms += sum(self.calibration.load_ms(n) / links[d] for d, n in enumerate(given))
+            return ms
 
         def cost(cuts: tuple[int, ...]) -> tuple[float, float, bool]:
-            times = predict(cuts, models, num_layers)
-            return (self.horizon_tokens * sum(times) + migration(cuts), max(times), cuts != current)
+            return (self.horizon_tokens * tpot(cuts) + migration(cuts), max(times(cuts)),
+                    cuts != current)  # fmt: skip
 
         candidates = [
-            c for c in itertools.combinations(range(1, num_layers), len(current))
-            if reachable(current, c, num_layers)
-            and not any(blocks_received(current, c, num_layers)[q] for q in full)
+            c for c in self._candidates(current, num_layers)
+            if not any(blocks_received(current, c, num_layers)[q] for q in full)
         ]  # fmt: skip
         target = min(candidates, key=cost, default=current)
         ideal = min(candidates, default=current,
-                    key=lambda c: (*_score(predict(c, models, num_layers)), c != current))  # fmt: skip
-        now = predict(current, models, num_layers)
+                    key=lambda c: (tpot(c), max(times(c)), c != current))  # fmt: skip
+        now = times(current)
         said = (
             f"; defaults: {', '.join(self.calibration.defaults)}"
             if self.calibration.defaults
@@ -595,13 +643,51 @@ class ModelPlanner:
                             f"ms x {self.horizon_tokens} tokens <= migration {migration(ideal):.1f} ms"
                             f"{said})", now)  # fmt: skip
         gain = (tpot(current) - tpot(target)) / tpot(current) if tpot(current) > 0 else 0.0
+        links_said = ("links cost the same whatever the cuts" if not self.bypass
+                      else f"links {link_ms(current):.2f} -> {link_ms(target):.2f} ms")  # fmt: skip
         if target == current or gain <= self.hysteresis:
             return Decision(current, f"model: hold (best {list(target)} gains {gain:.1%} <= hysteresis "
-                            f"{self.hysteresis:.0%}; links {link_ms:.2f} ms whatever the cuts{said})",
-                            now)  # fmt: skip
+                            f"{self.hysteresis:.0%}; {links_said}{said})", now)  # fmt: skip
         return Decision(target, f"model: to {list(target)} (predicted TPOT {tpot(current):.2f} -> "
-                        f"{tpot(target):.2f} ms, migration {migration(target):.1f} ms{said})",
-                        predict(target, models, num_layers))  # fmt: skip
+                        f"{tpot(target):.2f} ms, {links_said}, migration {migration(target):.1f} ms"
+                        f"{said})", times(target))  # fmt: skip
+
+    def _candidates(self, current: tuple[int, ...], num_layers: int) -> list[tuple[int, ...]]:
+        """Cut sets one reconfiguration reaches: every block moves at most one stage; with
+        bypass a middle stage may be emptied (never moving a block over a skipped stage)."""
+        if not self.bypass:
+            return [c for c in itertools.combinations(range(1, num_layers), len(current))
+                    if reachable(current, c, num_layers)]  # fmt: skip
+        return [c for c in itertools.combinations_with_replacement(range(1, num_layers), len(current))
+                if reachable(current, c, num_layers) and _moves_ok(current, c, num_layers)]  # fmt: skip
+
+
+def _neighbour_rate(models: Sequence[tuple[float, float] | None], s: int) -> float:
+    """The per-block rate of a skipped stage `s` (it measures none while it holds no blocks):
+    its faster neighbour's that holds blocks, as a guess."""
+    rates = [m[1] for d in (s - 1, s + 1) if 0 <= d < len(models) and (m := models[d])]
+    return min(rates, default=0.0)
+
+
+def link_trend(prev: Mapping[str, float] | None, now: Mapping[str, float] | None) -> float:
+    """A stage's link factor over the next window: the observed one, and when it fell since
+    the barrier before, fallen once more by the same ratio (a falling link is worth leaving
+    while its state can still cross it fast); never above the observation."""
+    f1 = link_factor(now)
+    if not math.isfinite((prev or {}).get("link_obs", math.nan)):
+        return f1  # nothing to compare with
+    return f1 * min(1.0, f1 / link_factor(prev))
+
+
+def blocks_given(old: Sequence[int], new: Sequence[int], num_layers: int) -> list[int]:
+    """Blocks each stage loses going from `old` to `new` cuts."""
+    given = [0] * (len(old) + 1)
+    for s, (a, b) in enumerate(zip(old, new, strict=True), start=1):
+        if b > a:  # boundary s moved up: stage s gave blocks [a, b) to stage s-1
+            given[s] += b - a
+        else:  # stage s-1 gave blocks [b, a) to stage s
+            given[s - 1] += a - b
+    return given
 
 
 PlannerFactory = Callable[[Any], Planner]
@@ -642,9 +728,11 @@ def _model(cfg: ModelPlannerConfig) -> ModelPlanner:
         raise ConfigError(f"planner.horizon_tokens={cfg.horizon_tokens}: must be >= 1")
     if not 0 < cfg.mem_high <= 1:
         raise ConfigError(f"planner.mem_high={cfg.mem_high}: must be in (0, 1]")
+    if cfg.confirm < 1:
+        raise ConfigError(f"planner.confirm={cfg.confirm}: must be >= 1")
     return ModelPlanner(calibration=Calibration.read(cfg.calibration, cfg.calibration_key),
-                        hysteresis=cfg.hysteresis,
-                        horizon_tokens=cfg.horizon_tokens, mem_high=cfg.mem_high)  # fmt: skip
+                        hysteresis=cfg.hysteresis, horizon_tokens=cfg.horizon_tokens,
+                        mem_high=cfg.mem_high, confirm=cfg.confirm)  # fmt: skip
 
 
 register_planner("model", ModelPlannerConfig, _model)

@@ -18,8 +18,10 @@ from splitlab.infer.planners import (
     ModelPlanner,
     StageStats,
     WindowView,
+    blocks_given,
     blocks_received,
     compute_trend,
+    link_trend,
     make_planner,
     reachable,
 )
@@ -81,6 +83,74 @@ def test_model_holds_on_a_slow_link_that_no_cut_removes() -> None:
     obs = (_obs(), _obs(link=0.02), _obs())
     d = ModelPlanner(calibration=_cheap()).decide(_view((10, 20), obs=obs))
     assert d.cuts == (10, 20) and "links" in d.reason
+
+
+def test_model_with_bypass_routes_around_a_slow_link_in_one_reconfiguration() -> None:
+    """With `architecture.bypass` the model can empty the stage behind the link: its blocks go
+    to both neighbours (balanced: equal rates, ties by the smaller largest stage) and the ring
+    skips it, one hop fewer."""
+    obs = (_obs(), _obs(link=0.05), _obs())
+    planner = ModelPlanner(calibration=_cheap(), bypass=True)
+
+    d = planner.decide(_view((10, 20), obs=obs))
+
+    assert d.cuts == (15, 15) and "links 11.00 -> 1.00 ms" in d.reason
+    assert d.predicted_ms[1] == 0.0  # skipped: no time
+    assert ModelPlanner(calibration=_cheap()).decide(_view((10, 20), obs=obs)).cuts == (10, 20)
+
+
+def test_model_leaves_a_falling_link_early_and_not_a_link_too_slow_to_leave() -> None:
+    """The moved blocks' state crosses the donor's own link: the migration costs L_n /
+    link_obs there. A link falling 1.0 -> 0.6 is projected on to 0.36 and left while it is
+    fast; one already at 1% would take longer to leave than the horizon saves."""
+    cal = Calibration(load_c1_ms=5.0, link_alpha_ms=2.0, defaults=())
+    planner = ModelPlanner(calibration=cal, bypass=True, hysteresis=0.1)
+    planner.decide(_view((10, 20), obs=(_obs(), _obs(link=1.0), _obs())))
+    d = planner.decide(_view((10, 20), obs=(_obs(), _obs(link=0.6), _obs())))
+    assert d.cuts == (15, 15), d.reason
+    steady = ModelPlanner(calibration=cal, bypass=True, hysteresis=0.1)
+    assert steady.decide(_view((10, 20), obs=(_obs(), _obs(link=0.6), _obs()))).cuts == (10, 20)
+    late = ModelPlanner(calibration=cal, bypass=True, horizon_tokens=16)
+    d = late.decide(_view((10, 20), obs=(_obs(), _obs(link=0.01), _obs())))
+    assert d.cuts == (10, 20) and "migration" in d.reason
+
+
+def test_model_with_a_skipped_stage_plans_without_its_statistics() -> None:
+    """A skipped stage measures no block time: it is guessed at its faster neighbour's rate.
+    Behind a link still slow it stays skipped (head and tail cannot trade blocks over it: KV
+    moves between neighbours only); with its link back it takes the slow tail's blocks."""
+    stats = (_stats(0, 15), None, _stats(2, 15, per_block=3.0))
+
+    def view(link: float) -> WindowView:
+        return WindowView(token=40, cuts=(15, 15), num_layers=30, stats=stats,
+                          obs=(_obs(), _obs(link=link), _obs()))  # fmt: skip
+
+    d = ModelPlanner(calibration=_cheap(), bypass=True).decide(view(0.01))
+    assert "waiting" not in d.reason and d.cuts == (15, 15), d.reason
+    d = ModelPlanner(calibration=_cheap(), bypass=True).decide(view(1.0))
+    assert d.cuts[0] == 15 and d.cuts[1] > 15, d.reason
+
+
+def test_link_trend_projects_a_fall_never_a_rise() -> None:
+    assert link_trend(_obs(link=1.0), _obs(link=0.5)) == pytest.approx(0.25)
+    assert link_trend(_obs(link=0.5), _obs(link=0.8)) == pytest.approx(0.8)
+    assert link_trend(None, _obs(link=0.5)) == pytest.approx(0.5)
+    assert blocks_given((10, 20), (15, 15), 30) == [0, 10, 0]
+    assert blocks_given((10, 20), (8, 22), 30) == [2, 0, 2]
+
+
+def test_model_moves_only_on_a_target_confirmed_barriers_in_a_row() -> None:
+    planner = ModelPlanner(calibration=_cheap(), confirm=2)
+    slow = _view((10, 20), phis=(1.0, 3.0, 1.0))
+
+    first = planner.decide(slow)
+    assert first.cuts == (10, 20) and "1 of planner.confirm=2" in first.reason
+    assert planner.decide(slow).cuts == (14, 15)
+    planner.decide(slow)  # picked once more, then one window says the stage is fine again
+    assert planner.decide(_view((10, 20))).cuts == (10, 20)
+    assert planner.decide(slow).cuts == (10, 20)  # the count starts over
+    with pytest.raises(ConfigError, match="planner.confirm=0"):
+        make_planner(ModelPlannerConfig(confirm=0))
 
 
 def test_model_gives_no_blocks_to_a_stage_under_memory_pressure() -> None:
