@@ -73,7 +73,8 @@ def register_resolvers() -> None:
     from splitlab.cluster.resources import num_gpus, num_processes
 
     def processes(*, _root_: DictConfig) -> int:
-        return num_processes(OmegaConf.to_object(_root_.architecture))
+        task = _root_.task.name  # a TaskName member
+        return num_processes(OmegaConf.to_object(_root_.architecture), getattr(task, "value", task))
 
     OmegaConf.register_new_resolver("splitlab.num_processes", processes, replace=True)
     OmegaConf.register_new_resolver("splitlab.config_help", lambda: render_groups(CONF_DIR),

@@ -13,9 +13,15 @@ from __future__ import annotations
 from splitlab.config.schema import RingConfig, TwoStageConfig, UShapeConfig
 from splitlab.errors import ConfigError
 
+SFT_STUDY_CPUS = 2  # task=sft_rank: one process, its owner and worker threads
 
-def num_processes(architecture: object) -> int:
-    """Processes one run starts: a ring's stages; a coordinator, the workers and the owners."""
+
+def num_processes(architecture: object, task: str | None = None) -> int:
+    """Processes one run starts: a ring's stages; a coordinator, the workers and the owners;
+    for `task=sft_rank` (one process training owner and worker in two threads) the cores those
+    threads keep busy."""
+    if task == "sft_rank":
+        return SFT_STUDY_CPUS
     if isinstance(architecture, RingConfig):
         return len(architecture.cuts) + 1 if architecture.cuts else architecture.stages
     if isinstance(architecture, UShapeConfig | TwoStageConfig):

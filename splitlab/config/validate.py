@@ -266,6 +266,11 @@ def validate_config(cfg: Config) -> None:
             f"task=sft_rank needs a classification data set, not data={cfg.data.name} "
             f"({TaskKind(cfg.data.task).value})",
         )
+        _require(
+            cfg.device == "cpu",
+            f"device={cfg.device}: task=sft_rank trains on cpu only (its loopback study has no "
+            "CUDA path; run its Hydra jobs on CPU nodes)",
+        )
     elif task in (TaskName.infer, TaskName.calibrate):
         _require(
             isinstance(arch, RingConfig),

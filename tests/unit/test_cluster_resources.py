@@ -26,6 +26,11 @@ def test_num_processes_counts_every_process_of_the_run(architecture, expected: i
     assert num_processes(architecture) == expected
 
 
+def test_the_sft_study_asks_for_its_two_threads_whatever_the_architecture() -> None:
+    assert num_processes(UShapeConfig(owners=4, workers=2), "sft_rank") == 2
+    assert num_processes(UShapeConfig(owners=4, workers=2), "finetune") == 7
+
+
 def test_num_processes_names_an_unknown_architecture() -> None:
     with pytest.raises(ConfigError, match="architecture="):
         num_processes({"name": "mesh"})
