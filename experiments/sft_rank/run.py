@@ -96,7 +96,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", default="", help="ranks, comma-separated (the budget's)")
     parser.add_argument("--seeds", default="", help="seeds, comma-separated (the budget's)")
     parser.add_argument("--epochs", type=int, default=0, help="passes over the data (the budget's)")
-    parser.add_argument("--factor-lr", type=float, default=0.0, help="low-rank factors' peak lr")
+    parser.add_argument(
+        "--factor-lr", type=float, default=None, help="low-rank factors' peak lr (0: frozen)"
+    )
+    parser.add_argument(
+        "--lr",
+        type=float,
+        default=None,
+        help="pre-trained weights' peak lr (0: frozen; only factors + head train)",
+    )
+    parser.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="low-rank arms only (an ablation beside a folder that has one)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[sft_rank] %(message)s")
     study, ranks, seeds = BUDGETS["quick" if args.quick else args.budget]
@@ -112,11 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     seeds = _ints(args.seeds) or seeds
     if args.epochs:
         study = replace(study, epochs=args.epochs)
-    if args.factor_lr:
+    if args.factor_lr is not None:
         study = replace(study, factor_lr=args.factor_lr)
+    if args.lr is not None:
+        study = replace(study, lr=args.lr)
     study.check()
     claim(args.out, study)
-    plan = grid(ranks, factors=factors, arms=arms)
+    plan = grid(ranks, factors=factors, arms=arms)[1 if args.no_baseline else 0 :]
     LOG.info("%d runs (%d arms x %d seeds) into %s", len(plan) * len(seeds), len(plan),
              len(seeds), args.out)  # fmt: skip
     for seed in seeds:

@@ -102,9 +102,9 @@ class SftRankTaskConfig(TaskConfig):
     val_samples: int = 1066  # held-out examples (its validation split)
     epochs: int = 3
     batch_size: int = 16
-    lr: float = 1e-4  # peak rate of the pre-trained weights (full fine-tuning)
+    lr: float = 1e-4  # peak rate of the pre-trained weights (full fine-tuning; 0 = frozen)
     head_lr: float = 1e-4  # the classifier's peak rate
-    factor_lr: float = 1e-4  # the low-rank factors' peak rate
+    factor_lr: float = 1e-4  # the low-rank factors' peak rate (0 = frozen)
     warmup: float = 0.06  # fraction of the steps warming up linearly; then linear decay to 0
     eval_every: int = 100  # steps between held-out evaluations (the learning curve)
     data_seed: int = 1  # which examples are train and held-out (the same for every seed)

@@ -64,9 +64,9 @@ class Study:
     val_samples: int = 1066  # held-out examples (its validation split is 1,066)
     epochs: int = 3
     batch_size: int = 16
-    lr: float = 1e-4  # peak rate of the pre-trained weights (full fine-tuning)
+    lr: float = 1e-4  # peak rate of the pre-trained weights (full fine-tuning; 0 = frozen)
     head_lr: float = 1e-4  # the classifier (new in every run)
-    factor_lr: float = 1e-4  # the low-rank factors (and sigma in the three-factor form)
+    factor_lr: float = 1e-4  # the low-rank factors, and sigma in the three-factor form (0 = frozen)
     warmup: float = 0.06  # fraction of the steps with a linear warm-up; then linear decay to 0
     eval_every: int = 100  # steps between held-out evaluations (the learning curve)
     data_seed: int = 1  # which examples are train and held-out (the same for every seed)
@@ -75,9 +75,11 @@ class Study:
         for key in ("samples", "val_samples", "epochs", "batch_size", "eval_every"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"task.{key}={getattr(self, key)} must be >= 1")
-        for key in ("lr", "head_lr", "factor_lr"):
-            if not getattr(self, key) > 0:
-                raise ConfigError(f"task.{key}={getattr(self, key)} must be > 0")
+        if not self.head_lr > 0:
+            raise ConfigError(f"task.head_lr={self.head_lr} must be > 0")
+        for key in ("lr", "factor_lr"):  # 0 freezes those tensors (an ablation)
+            if not getattr(self, key) >= 0:
+                raise ConfigError(f"task.{key}={getattr(self, key)} must be >= 0 (0: frozen)")
         if not 0 <= self.warmup < 1:
             raise ConfigError(f"task.warmup={self.warmup} must be in [0, 1)")
 
@@ -255,7 +257,7 @@ def load_inputs(model_cfg: ModelConfig, data_cfg: DataConfig, study: Study, seed
 
 def _param_groups(study: Study, *parts: Any) -> list[dict]:
     """AdamW groups: the classifier at `head_lr`, the low-rank factors at `factor_lr`, the rest
-    at `lr` (each trainable tensor once)."""
+    at `lr` (each trainable tensor once); a tensor whose rate is 0 is frozen (no gradient)."""
     from splitlab.models.parts import LOWRANK_IN, LOWRANK_OUT
     from splitlab.train.nodes import partition_parameters
 
@@ -268,7 +270,11 @@ def _param_groups(study: Study, *parts: Any) -> list[dict]:
                 rates[id(param)] = study.factor_lr
     groups: dict[float, list] = {}
     for param in partition_parameters(*parts):
-        groups.setdefault(rates.get(id(param), study.lr), []).append(param)
+        rate = rates.get(id(param), study.lr)
+        if rate == 0:
+            param.requires_grad_(False)
+        else:
+            groups.setdefault(rate, []).append(param)
     return [{"params": params, "lr": lr} for lr, params in groups.items()]
 
 

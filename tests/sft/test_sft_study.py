@@ -118,7 +118,25 @@ def test_a_folder_refuses_a_run_of_another_budget(tmp_path: Path) -> None:
     assert (tmp_path / "sft_rank.md").is_file() and (tmp_path / st.CURVES).is_file()
 
 
-@pytest.mark.parametrize(("key", "value"), [("epochs", 0), ("lr", 0.0), ("warmup", 1.0)])
+@pytest.mark.parametrize(("key", "value"), [("epochs", 0), ("lr", -1e-4), ("head_lr", 0.0),
+                                            ("warmup", 1.0)])  # fmt: skip
 def test_a_bad_budget_names_the_key(key: str, value: float) -> None:
     with pytest.raises(ConfigError, match=f"task.{key}="):
         replace(st.Study(), **{key: value}).check()
+
+
+def test_a_rate_of_zero_freezes_those_tensors() -> None:
+    import torch
+
+    from splitlab.models.parts import LOWRANK_IN
+
+    part = torch.nn.Module()
+    part.classifier = torch.nn.Linear(2, 2)
+    part.block = torch.nn.Module()
+    setattr(part.block, LOWRANK_IN, torch.nn.Linear(2, 1))
+    part.body = torch.nn.Linear(2, 2)
+
+    groups = st._param_groups(replace(st.Study(), lr=0.0, factor_lr=1e-3), part)
+
+    assert sorted((g["lr"], len(g["params"])) for g in groups) == [(1e-4, 2), (1e-3, 2)]
+    assert not part.body.weight.requires_grad and part.classifier.weight.requires_grad
