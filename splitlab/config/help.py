@@ -14,7 +14,7 @@ from pathlib import Path
 
 # group (its folder under conf/) -> what choosing an option of it decides
 GROUP_HELP: dict[str, str] = {
-    "task": "what the run does: fine-tune, infer on a ring, calibrate cost models, analyze a run",
+    "task": "what the run does: fine-tune, infer on a ring, calibrate cost models, analyze a run, the SFT rank study",
     "model": "the transformers model to split: packaged, random-init tiny, or a hub id/folder",
     "architecture": "how the model is split across processes: U-shape, two-stage or ring",
     "transport": "the data plane that carries activations and gradients between processes",
