@@ -367,12 +367,8 @@ def train_arm(arm: Arm, inputs: Inputs, study: Study) -> dict:
 
 
 def run_arm(folder: Path, arm: Arm, inputs: Inputs, study: Study) -> dict:
-    """The arm's record: read when it finished before at this budget, else trained and saved."""
-    done = finished(folder, arm, inputs.seed, study)
-    if done is not None:
-        log.info("%s seed %d: finished before (%s)", arm.name, inputs.seed,
-                 run_file(folder, arm, inputs.seed))  # fmt: skip
-        return done
+    """Train the arm and save its record (the drivers ask `finished` first: a run whose file
+    exists is not trained again)."""
     record = train_arm(arm, inputs, study) | {"study": dataclasses.asdict(study)}
     path = run_file(folder, arm, inputs.seed)
     path.parent.mkdir(parents=True, exist_ok=True)
