@@ -48,7 +48,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP
 
 import torch
 
-from splitlab.config.enums import FinetuneMethod
+from splitlab.config.enums import DType, FinetuneMethod
 from splitlab.configure import compose_config
 from splitlab.launch.train import run_finetune
 from splitlab.models.load import load_model
@@ -57,7 +57,8 @@ from splitlab.models.plan import u_shape_plan
 from splitlab.telemetry.bench import BenchReport, bench_arg_parser, median
 from splitlab.train.feed import OwnerFeed
 from splitlab.train.lora import apply_lora
-from splitlab.train.nodes import partition_parameters
+from splitlab.train.node_setup import autocast_dtype
+from splitlab.train.nodes import autocast, partition_parameters
 
 
 def overrides(args, transport: str, *, lowrank: bool = False) -> list[str]:
@@ -100,20 +101,23 @@ def unsplit_samples_per_s(args) -> float:
     from splitlab.models.tokens import positions_from_pad_mask
 
     threads = torch.get_num_threads()
+    # the dtype the split arms' nodes compute in (finetune.compute_dtype), so both arms match
+    dtype = autocast_dtype(DType(cfg.finetune.compute_dtype), torch.device("cpu"))
     began, cpu_began = time.perf_counter(), time.process_time()
     for step, batch in enumerate(batches):
         pad = batch[PAD_MASK]
         pos = positions_from_pad_mask(pad)
-        hidden = body(front(batch[INPUT_IDS], pad, pos), pad, pos)
-        logits = tail(hidden, pad, pos)
-        loss = tail.adapter.loss(logits, tail.adapter.labels(batch)) / args.window
+        with autocast(dtype, torch.device("cpu")):
+            logits = tail(body(front(batch[INPUT_IDS], pad, pos), pad, pos), pad, pos)
+        loss = tail.adapter.loss(logits.float(), tail.adapter.labels(batch)) / args.window
         loss.backward()
         if (step + 1) % args.window == 0 or step + 1 == len(batches):
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
     seconds, cpu_s = time.perf_counter() - began, time.process_time() - cpu_began
     samples = sum(int(b[PAD_MASK].shape[0]) for b in batches)
-    return samples / seconds, {"threads": threads, "cpu_ms_per_sample": 1e3 * cpu_s / samples}
+    return samples / seconds, {"threads": threads, "cpu_ms_per_sample": 1e3 * cpu_s / samples,
+                               "compute_dtype": str(dtype or "weights")}  # fmt: skip
 
 
 def phase_profile(path: Path) -> dict[str, float]:

@@ -256,6 +256,7 @@ class FinetuneConfig:
     weight_decay: float = 0.01  # AdamW decoupled weight decay
     eps: float = 1e-8  # AdamW denominator epsilon
     batch_size: int = 16  # sequences per microbatch
+    compute_dtype: DType = DType.auto  # torch.autocast: bf16, fp32 (none), auto = bf16 with AMX
     clip_grad_norm: float = 0.0  # > 0 clips each partition separately; 0 = off
     lora: LoraConfig = field(default_factory=LoraConfig)
     sft: SftConfig = field(default_factory=SftConfig)

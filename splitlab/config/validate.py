@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from splitlab.config.enums import ArchitectureName, SftCut, TaskKind, TaskName
+from splitlab.config.enums import ArchitectureName, DType, SftCut, TaskKind, TaskName
 from splitlab.config.schema import (
     Config,
     DataConfig,
@@ -155,6 +155,11 @@ def validate_finetune(ft: FinetuneConfig, model: ModelConfig, arch_name: Archite
     _positive("finetune.lr", ft.lr)
     _require(ft.weight_decay >= 0, f"finetune.weight_decay={ft.weight_decay} must be >= 0")
     _positive("finetune.batch_size", ft.batch_size)
+    _require(
+        DType(ft.compute_dtype) is not DType.bf16 or arch_name is ArchitectureName.u_shape,
+        f"finetune.compute_dtype=bf16 runs in U-shape nodes only; architecture "
+        f"{arch_name.value} computes in the weights' dtype (model.dtype): use auto or fp32",
+    )
     _require(
         ft.clip_grad_norm >= 0,
         f"finetune.clip_grad_norm={ft.clip_grad_norm} must be >= 0 (0 = off)",

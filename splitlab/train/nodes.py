@@ -27,6 +27,7 @@ Legend: B batch, T tokens, H hidden size, R rank of a low-rank cut.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -91,6 +92,24 @@ def backward_crossing(outputs: Mapping[str, torch.Tensor], grads: Crossing, what
     torch.autograd.backward(
         tensors, [g.to(t.device) for g, t in zip(wanted.values(), tensors, strict=True)]
     )
+
+
+def autocast(dtype: torch.dtype | None, device: torch.device) -> contextlib.AbstractContextManager:
+    """The context a part computes in: `torch.autocast` in `dtype` (matmuls and attention in
+    bf16; norms, softmax and losses stay fp32), or nothing for None (the weights' own dtype)."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def widened(
+    crossing: Mapping[str, torch.Tensor], dtype: torch.dtype | None
+) -> dict[str, torch.Tensor]:
+    """`crossing` with tensors that autocast left in `dtype` cast back to fp32 (in the graph):
+    what crosses the wire keeps the weights' dtype whatever a node computes in."""
+    if dtype is None:
+        return dict(crossing)
+    return {n: t.float() if t.dtype == dtype else t for n, t in crossing.items()}
 
 
 def partition_parameters(*modules: nn.Module) -> list[nn.Parameter]:
@@ -174,6 +193,7 @@ class OwnerNode:
     tail: Part
     optimizer: torch.optim.Optimizer
     num_samples: int = 0  # sequences processed this round (the FedAvg weight)
+    compute_dtype: torch.dtype | None = None  # autocast dtype (finetune.compute_dtype)
     _live: Live = field(default_factory=dict)
 
     @property
@@ -192,8 +212,9 @@ class OwnerNode:
     def front_forward(self, microbatch: Hashable, batch: Batch) -> dict[str, torch.Tensor]:
         """Embeddings + front blocks; returns detached copies of `front.sends` to send."""
         pad_mask = batch[PAD_MASK]
-        out = self.front(batch[INPUT_IDS], pad_mask, positions_from_pad_mask(pad_mask))
-        front_out = as_crossing(out)
+        with autocast(self.compute_dtype, device_of(self.front)):
+            out = self.front(batch[INPUT_IDS], pad_mask, positions_from_pad_mask(pad_mask))
+        front_out = widened(as_crossing(out), self.compute_dtype)
         for name, tensor in front_out.items():
             check_finite_tensor(
                 tensor, f"front output of owner {self.name!r}, microbatch {microbatch} ({name})"
@@ -211,9 +232,10 @@ class OwnerNode:
         what = f"tail of owner {self.name!r}, microbatch {microbatch}"
         tail_in = leaves(pick(crossing, self.tail.receives, what), device_of(self.tail))
         x = self.tail.input_of(tail_in)
-        logits = self.tail(x, pad_mask, positions_from_pad_mask(pad_mask))
+        with autocast(self.compute_dtype, device_of(self.tail)):
+            logits = self.tail(x, pad_mask, positions_from_pad_mask(pad_mask))
         adapter = self.tail.adapter
-        loss = adapter.loss(logits, adapter.labels(batch))
+        loss = adapter.loss(logits.float(), adapter.labels(batch))
         value = float(loss.detach())
         if not math.isfinite(value):
             raise NonFiniteError(f"loss {value} on owner {self.name!r}, microbatch {microbatch}")
@@ -238,6 +260,7 @@ class WorkerNode:
     clock: Callable[[], float] = time.perf_counter  # body timing for adaptive weights
     num_samples: int = 0  # sequences processed this round (the FedAvg weight)
     padded_tokens: int = 0  # this window, for the throughput report
+    compute_dtype: torch.dtype | None = None  # autocast dtype (finetune.compute_dtype)
     _live: Live = field(default_factory=dict)
     _timer: BodyTimer | None = None
 
@@ -281,8 +304,12 @@ class WorkerNode:
         body_in = leaves(pick(crossing, self.body.receives, what), device)
         x = self.body.input_of(body_in)
         positions = positions_from_pad_mask(pad_mask_BT)
-        out = self.timer.time(device, lambda: self.body(x, pad_mask_BT, positions))
-        body_out = as_crossing(out)
+
+        def forward() -> torch.Tensor | Crossing:
+            with autocast(self.compute_dtype, device):
+                return self.body(x, pad_mask_BT, positions)
+
+        body_out = widened(as_crossing(self.timer.time(device, forward)), self.compute_dtype)
         for name, tensor in body_out.items():
             check_finite_tensor(
                 tensor, f"body output of worker {self.name!r}, microbatch {key} ({name})"

@@ -25,7 +25,17 @@ from splitlab.errors import PeerLostError, ProtocolError
 from splitlab.models.families import INPUT_IDS, PAD_MASK
 from splitlab.models.parts import Part
 from splitlab.models.tokens import positions_from_pad_mask
-from splitlab.train.nodes import Batch, Crossing, OwnerNode, WorkerNode, as_crossing, pick
+from splitlab.train.nodes import (
+    Batch,
+    Crossing,
+    OwnerNode,
+    WorkerNode,
+    as_crossing,
+    autocast,
+    device_of,
+    pick,
+    widened,
+)
 from splitlab.train.protocol import IDLE_WAIT_S, owned, try_recv
 from splitlab.train.protocol import PAD_MASK as WIRE_PAD_MASK
 from splitlab.train.validate import Metrics, evaluate
@@ -50,8 +60,9 @@ def validate_owner(
         pad_mask = batch[PAD_MASK]
         positions = positions_from_pad_mask(pad_mask)
         index = next(counter)
-        with torch.no_grad():
-            out = as_crossing(node.front(batch[INPUT_IDS], pad_mask, positions))
+        with torch.no_grad(), autocast(node.compute_dtype, device_of(node.front)):
+            out = widened(as_crossing(node.front(batch[INPUT_IDS], pad_mask, positions)),
+                          node.compute_dtype)  # fmt: skip
         tensors = {**out, WIRE_PAD_MASK: pad_mask}
         routing = Routing(microbatch=index)
         transport.send(
@@ -63,8 +74,9 @@ def validate_owner(
                     f"{msg.kind} #{msg.routing.microbatch} from {worker!r}, expected {VAL_RETURN} #{index}"
                 )
             returned = {name: owned(msg, name) for name in msg.tensors}
-        with torch.no_grad():
-            return node.tail(part_input(node.tail, returned, worker), pad_mask, positions)
+        with torch.no_grad(), autocast(node.compute_dtype, device_of(node.tail)):
+            out = node.tail(part_input(node.tail, returned, worker), pad_mask, positions)
+        return out.float()
 
     try:
         return evaluate(logits, node.tail.adapter, batches)
@@ -93,9 +105,10 @@ def serve_validation(node: WorkerNode, transport: Transport, wait_s: float = IDL
     mode = node.body.training
     node.body.eval()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), autocast(node.compute_dtype, device_of(node.body)):
             x = part_input(node.body, received, msg.peer)
             out = as_crossing(node.body(x, pad_mask, positions_from_pad_mask(pad_mask)))
+        out = widened(out, node.compute_dtype)
     finally:
         node.body.train(mode)
     transport.send(msg.peer, Lane.ACTIVATION, VAL_RETURN, out, routing=routing).wait()

@@ -43,6 +43,7 @@ from splitlab.train.member import RoundResult, open_data_plane, run_rounds
 from splitlab.train.node_setup import (
     adamw,
     build_node_parts,
+    compute_dtype,
     control_endpoint,
     control_record,
     load_batches,
@@ -145,7 +146,8 @@ def _run_member(spec: TrainRole, control: ControlEndpoint) -> None:
             return  # STOP before any round (e.g. resuming a finished run)
         node: OwnerNode | WorkerNode
         if is_worker:
-            node = WorkerNode(spec.name, body, adamw(spec, partition_parameters(body)))
+            node = WorkerNode(spec.name, body, adamw(spec, partition_parameters(body)),
+                              compute_dtype=compute_dtype(spec))  # fmt: skip
             modules: list[torch.nn.Module] = [body]
             worker = WorkerScheduler(
                 node=node, transport=transport, control=control, owners=spec.owners,
@@ -163,7 +165,8 @@ def _run_member(spec: TrainRole, control: ControlEndpoint) -> None:
                 return []
 
         else:
-            node = OwnerNode(spec.name, front, tail, adamw(spec, partition_parameters(front, tail)))
+            node = OwnerNode(spec.name, front, tail, adamw(spec, partition_parameters(front, tail)),
+                             compute_dtype=compute_dtype(spec))  # fmt: skip
             modules = [front, tail]
             announced = {n: float(m.compute_weight) for n, m in registers.items()}  # type: ignore[attr-defined]
             weights = AdaptiveWeights(

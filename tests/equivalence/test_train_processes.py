@@ -73,6 +73,7 @@ def specs(
         f"architecture.microbatches_per_window={WINDOW}", f"task.steps_per_round={most}",
         "architecture.adaptive_weights=false", "architecture.timeout_s=30",
         "finetune.lr=1e-2", "finetune.eps=1e-6",  # as in the in-process equivalence (adamw)
+        "finetune.compute_dtype=fp32",  # the in-process oracle computes in fp32, bf16 would not match
         "data.labels=[l0,l1,l2]", "model.num_labels=3",  # tiny_config (the fixtures are the data)
         "task.save_checkpoint=false", *(coordinator or []), *overrides,
     ])  # fmt: skip
