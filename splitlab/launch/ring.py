@@ -87,15 +87,25 @@ def pick_base_port(hosts: Sequence[str], *, tries: int = 50) -> int:
     raise ConfigError(f"no free set of {len(hosts)} ports found on {list(hosts)}")
 
 
-def stage_env() -> dict[str, str]:
-    """Environment for stage processes: OpenMP threads sleep instead of spinning when idle.
+SPIN_COUNT = 20000  # GOMP_SPINCOUNT: busy-wait iterations before an idle OpenMP thread sleeps
 
-    Only one stage computes at a time; with the default (active) wait policy the idle stages'
-    threads spin on the same cores and slow the one that works. Measured on 2 cores, SmolLM2,
-    128 tokens: ring/one-process TPOT 1.38 with spinning, 1.07 with PASSIVE. A user's own
-    OMP_WAIT_POLICY wins.
+
+def stage_env() -> dict[str, str]:
+    """OpenMP environment of stage and training processes: idle threads spin `SPIN_COUNT`
+    iterations, then sleep (libgomp's `GOMP_SPINCOUNT` under `OMP_WAIT_POLICY=PASSIVE`).
+
+    Only one stage computes at a time. With the default policy (300,000 spins, ~ms) the idle
+    stages' threads spin on the cores the working one needs; with PASSIVE alone (0 spins)
+    every parallel region of a token wakes sleeping threads through the kernel. In between,
+    threads stay awake across one token's regions (microseconds apart) and sleep while the
+    other stages compute (milliseconds). SmolLM2, 3 stages, 2 cores, quiet, ring TPOT vs one
+    process 33.3 ms (both arms under the same policy, `tools/bench_ring.py`): 0 spins
+    63.6 ms (1.90x), 2,000 57 ms, 8,000 43-50 ms, 20,000 39.2 ms (1.18x), 50,000 40.1 ms,
+    200,000 41-43 ms; the main job 83-85 s -> 77-79 s. A user's own OMP_WAIT_POLICY or
+    GOMP_SPINCOUNT wins (and then nothing else is set).
     """
-    return {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+    own = {k: os.environ[k] for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in os.environ}
+    return own or {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": str(SPIN_COUNT)}
 
 
 def model_ref(model: ModelConfig, run_dir: Path, *, seed: int) -> str:

@@ -74,6 +74,7 @@ def thread_policy(*, torch_threads: int | None, env: Mapping[str, str] | None = 
     return {
         "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS"),
         "OMP_WAIT_POLICY": env.get("OMP_WAIT_POLICY"),
+        "GOMP_SPINCOUNT": env.get("GOMP_SPINCOUNT"),
         "torch_threads": torch_threads,
     }
 

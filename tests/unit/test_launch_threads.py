@@ -29,10 +29,14 @@ def test_workers_share_every_core_and_owners_their_part(
 def test_a_users_omp_settings_win(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    assert thread_env(2) == {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"}
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    assert thread_env(2) == {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE",
+                             "GOMP_SPINCOUNT": "20000"}  # fmt: skip
     monkeypatch.setenv("OMP_NUM_THREADS", "7")
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     assert thread_env(2) == {"OMP_NUM_THREADS": "7", "OMP_WAIT_POLICY": "ACTIVE"}
+    monkeypatch.setenv("GOMP_SPINCOUNT", "5")
+    assert thread_env(2)["GOMP_SPINCOUNT"] == "5"
 
 
 def test_the_launchers_start_nodes_without_importing_torch_or_pandas() -> None:

@@ -192,7 +192,7 @@ def test_arms_under_different_omp_policies_are_not_trusted() -> None:
     report.add_target("x", 1.0, 1.5, "<=")
     out = report.to_dict()
     assert out["arms"]["ring"] == {"OMP_NUM_THREADS": None, "OMP_WAIT_POLICY": "PASSIVE",
-                                   "torch_threads": 2}  # fmt: skip
+                                   "GOMP_SPINCOUNT": None, "torch_threads": 2}  # fmt: skip
     assert out["thread_policies_match"] is False and out["targets_trusted"] is False
     assert report.exit_code(require_quiet=True) == BenchExit.NOISY
     assert report.exit_code(require_quiet=False) == BenchExit.OK
