@@ -553,14 +553,27 @@ class ModelPlanner:
     pending: tuple[tuple[int, ...], int] | None = None  # (target, barriers it was picked at)
 
     def decide(self, view: WindowView) -> Decision:
-        """`_decide`, moving only once the same target came out `confirm` barriers in a row:
-        one window's measurements on a loaded host can mislead a planner that jumps (a tail
-        whose block time read low took eight blocks, then ran 3x slower)."""
-        decision = self._decide(view)
+        """`_decide`, moving only once a move paid `confirm` barriers in a row: one window's
+        measurements on a loaded host can mislead a planner that jumps (a tail whose block time
+        read low took eight blocks, then ran 3x slower). What must hold again is the move, not
+        the argmin: when this barrier's best differs from the pending target but the pending
+        one still pays (gain over `hysteresis` and the migration, on this barrier's figures),
+        the count goes on toward the pending target; near-equal cut sets that trade places
+        from one noisy window to the next would otherwise never be confirmed."""
+        prev, self.last_obs = self.last_obs, tuple(view.obs)
+        decision = self._decide(view, prev)
         if not decision.moves(view.cuts):
             self.pending = None
             return decision
-        seen = self.pending[1] + 1 if self.pending and self.pending[0] == decision.cuts else 1
+        seen = 1
+        if self.pending is not None:
+            target, count = self.pending
+            if target == decision.cuts:
+                seen = count + 1
+            else:
+                again = self._decide(view, prev, only=target)
+                if again.moves(view.cuts):
+                    decision, seen = again, count + 1
         if seen < self.confirm:
             self.pending = (decision.cuts, seen)
             return Decision(tuple(view.cuts), f"model: hold (target {list(decision.cuts)} at "
@@ -569,9 +582,15 @@ class ModelPlanner:
         self.pending = None
         return decision
 
-    def _decide(self, view: WindowView) -> Decision:
+    def _decide(
+        self,
+        view: WindowView,
+        prev: tuple[dict[str, float] | None, ...],
+        only: tuple[int, ...] | None = None,
+    ) -> Decision:
+        """The best target on this barrier's figures (`prev`: the observations of the barrier
+        before); with `only`, whether moving to that one cut set pays."""
         stats = list(view.stats)
-        prev, self.last_obs = self.last_obs, tuple(view.obs)
         current, num_layers = tuple(view.cuts), view.num_layers
         held = stage_blocks(current, num_layers)  # 0: a skipped stage (bypass), no statistics
         if len(stats) != len(current) + 1 or any(
@@ -628,6 +647,7 @@ class ModelPlanner:
         candidates = [
             c for c in self._candidates(current, num_layers)
             if not any(blocks_received(current, c, num_layers)[q] for q in full)
+            and (only is None or c in (current, only))
         ]  # fmt: skip
         target = min(candidates, key=cost, default=current)
         ideal = min(candidates, default=current,

@@ -153,6 +153,20 @@ def test_model_moves_only_on_a_target_confirmed_barriers_in_a_row() -> None:
         make_planner(ModelPlannerConfig(confirm=0))
 
 
+def test_model_confirms_a_move_that_still_pays_when_near_equal_targets_trade_places() -> None:
+    """Stage 1 is slow at both barriers; which neighbour should take its blocks flips with a
+    10% reading (the old rule, the same argmin twice, held through all of link_degrade)."""
+    lean_head, lean_tail = _view((10, 20), (1.1, 3.0, 1.0)), _view((10, 20), (1.0, 3.0, 1.1))
+    assert ModelPlanner(calibration=_cheap()).decide(lean_head).cuts == (9, 10)
+    assert ModelPlanner(calibration=_cheap()).decide(lean_tail).cuts == (20, 21)
+    planner = ModelPlanner(calibration=_cheap(), confirm=2)
+
+    assert planner.decide(lean_head).cuts == (10, 20)
+    moved = planner.decide(lean_tail)  # (9, 10) still pays on these figures: it is confirmed
+    assert moved.cuts == (9, 10) and moved.reason.startswith("model: to [9, 10]")
+    assert planner.pending is None
+
+
 def test_model_gives_no_blocks_to_a_stage_under_memory_pressure() -> None:
     obs = (_obs(q_mem=0.95), _obs(), _obs())
     d = ModelPlanner(calibration=_cheap()).decide(_view((10, 20), phis=(1.0, 3.0, 1.0), obs=obs))
