@@ -9,17 +9,22 @@ stage traces:
   every barrier that moved nothing in both runs; the no-shift run takes a barrier every
   `--barrier-window` tokens (default 2: the cost per barrier does not depend on W, and a
   median of two or three barriers says nothing on a shared host), with median and p90;
-- the shift's pause split into weights (receiver: load_blocks from its own checkpoint copy),
-  KV (receiver: waiting for, receiving and installing the donor's KV - an upper bound, it
-  absorbs the skew between the two stages reaching the barrier) and commit (pointer swaps,
-  the larger of both sides), with release (dropping the detached block, empty_cache; off the
-  token path) reported apart;
+- the shift's pause split into weights (receiver: taking the blocks it built while the ring
+  decoded the window before, `architecture.prepare_ahead`, or with `--at-barrier` also a run
+  that loads them from its own checkpoint copy inside the barrier), KV (receiver: waiting
+  for, receiving and installing the donor's KV - an upper bound, it absorbs the skew between
+  the two stages reaching the barrier) and commit (pointer swaps, the larger of both sides),
+  with the background build (prepare) and release (dropping the detached block,
+  empty_cache) off the token path and reported apart;
 - KV bytes, checked against 2 x kv heads x head dim x dtype bytes x blocks x context;
 - head TPOT median of both runs.
 
     python tools/bench_migration.py --quick --out /tmp/bench_migration.json
     python tools/bench_migration.py --tokens 200 --shift-at 100 --reps 2 --out outputs/bench_migration.json
     python tools/bench_migration.py model=tiny_llama architecture.cuts=[1,3] --quick  # overrides
+    python tools/bench_migration.py --at-barrier --quick model=tiny_llama model.num_layers=12 \
+        model.hidden_size=1152 model.num_heads=9 model.num_kv_heads=3 \
+        model.intermediate_size=3072 architecture.cuts=[4,8]  # blocks 4x SmolLM2's
 """
 
 from __future__ import annotations
@@ -86,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window", type=int, default=20)
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--barrier-window", type=int, default=2, help="W of the no-shift run")
+    p.add_argument("--at-barrier", action="store_true",
+                   help="also a shift run that loads the weights inside the barrier "
+                        "(architecture.prepare_ahead=false), side by side")  # fmt: skip
     args = p.parse_args(argv)
     tokens, shift_at, reps = (60, 40, 1) if args.quick else (args.tokens, args.shift_at, args.reps)
     base = base_overrides(tokens, args.overrides)
@@ -98,20 +106,24 @@ def main(argv: list[str] | None = None) -> int:
         "window": args.window, "barrier_window": args.barrier_window, "reps": reps, "shift": {"boundary": 1, "k": 1},
     })  # fmt: skip
     tail = len(cuts)
-    tail_barrier, head_barrier, pauses, tpot = [], [], [], {"noshift": [], "shift": []}
+    shift = ["planner=forced_shift", f"planner.at_token={shift_at}", "planner.shift_k=1",
+             "planner.boundary=1", f"architecture.window={args.window}"]  # fmt: skip
+    arms = [
+        ("noshift", ["planner=noop", f"architecture.window={args.barrier_window}"]),
+        ("shift", [*shift, "architecture.prepare_ahead=true"]),
+    ]
+    if args.at_barrier:
+        arms.append(("shift_at_barrier", [*shift, "architecture.prepare_ahead=false"]))
+    tail_barrier, head_barrier, tpot = [], [], {tag: [] for tag, _ in arms}
+    pauses: dict[str, list[dict]] = {tag: [] for tag, _ in arms[1:]}
     for rep in range(reps):
-        arms = (
-            ("noshift", ["planner=noop", f"architecture.window={args.barrier_window}"]),
-            ("shift", ["planner=forced_shift", f"planner.at_token={shift_at}", "planner.shift_k=1",
-                       "planner.boundary=1", f"architecture.window={args.window}"]),
-        )  # fmt: skip
         for tag, arm in arms:
             run_dir = run(base, arm, tag=f"{tag}-{rep}")
             result = json.loads((run_dir / "result.json").read_text())
             tpot[tag].append(result["tpot_ms_median"])
             tail_barrier += [w["barrier_ms"] for w in still(records(run_dir, tail, "window"), cuts)]
             head_barrier += [w["barrier_ms"] for w in still(records(run_dir, 0, "window"), cuts)]
-            if tag == "shift":
+            if tag != "noshift":
                 moves = {
                     m["side"]: m for s in range(tail + 1) for m in records(run_dir, s, "migration")
                 }
@@ -125,26 +137,30 @@ def main(argv: list[str] | None = None) -> int:
                 per_token = 2 * config.num_key_value_heads * head_dim * dtype_bytes
                 assert recv["kv_bytes_per_block_token"] == per_token, (recv, per_token)
                 context = recv["kv_bytes"] // per_token
-                row = {"rep": rep, "token": recv["token"], "context_tokens": context,
+                row = {"arm": tag, "rep": rep, "token": recv["token"], "context_tokens": context,
+                       "prepared": recv.get("prepared", False), "prepare_ms": recv.get("prepare_ms", 0.0),
                        "weights_ms": recv["weights_ms"], "kv_ms": recv["kv_ms"], "commit_ms": commit_ms,
                        "pause_ms": recv["weights_ms"] + recv["kv_ms"] + commit_ms,
                        "release_ms": donor["release_ms"], "kv_bytes": recv["kv_bytes"],
                        "kv_bytes_per_block_token": per_token, "donor_send_ms": donor["kv_ms"]}  # fmt: skip
-                pauses.append(row)
+                if row["prepared"] != (tag == "shift"):
+                    raise SystemExit(f"{tag}: the receiver's blocks were {'' if row['prepared'] else 'not '}built ahead")  # fmt: skip
+                pauses[tag].append(row)
                 report.add_result(shift=row)
-                print(f"rep {rep}: pause {row['pause_ms']:.2f} ms (weights {row['weights_ms']:.2f}, "
-                      f"KV {row['kv_ms']:.2f}, commit {row['commit_ms']:.3f}), release {row['release_ms']:.1f} ms",
-                      file=sys.stderr)  # fmt: skip
+                print(f"rep {rep} {tag}: pause {row['pause_ms']:.2f} ms (weights {row['weights_ms']:.2f}, "
+                      f"KV {row['kv_ms']:.2f}, commit {row['commit_ms']:.3f}), built ahead in "
+                      f"{row['prepare_ms']:.1f} ms, release {row['release_ms']:.1f} ms", file=sys.stderr)  # fmt: skip
     summary = {
         "barrier_tail_median_ms": median(tail_barrier), "barrier_tail_p90_ms": p90(tail_barrier),
         "barrier_head_median_ms": median(head_barrier), "num_barriers_tail": len(tail_barrier),
-        "pause_median_ms": median([r["pause_ms"] for r in pauses]),
-        "weights_median_ms": median([r["weights_ms"] for r in pauses]),
-        "kv_median_ms": median([r["kv_ms"] for r in pauses]),
-        "commit_median_ms": median([r["commit_ms"] for r in pauses]),
-        "release_median_ms": median([r["release_ms"] for r in pauses]),
         "tpot_noshift_median_ms": median(tpot["noshift"]), "tpot_shift_median_ms": median(tpot["shift"]),
     }  # fmt: skip
+    for tag, rows in pauses.items():
+        suffix = "" if tag == "shift" else "_at_barrier"  # shift: the blocks built ahead
+        for key in ("pause", "weights", "kv", "commit", "release", "prepare"):
+            summary[f"{key}{suffix}_median_ms"] = median([r[f"{key}_ms"] for r in rows])
+    if args.at_barrier:
+        summary["tpot_shift_at_barrier_median_ms"] = median(tpot["shift_at_barrier"])
     report.add_result(**summary)
     report.add_ratio(
         "shift_over_noshift_tpot",
@@ -152,6 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     report.add_target("barrier_tail_median_ms", summary["barrier_tail_median_ms"], 0.5, "<=")
     report.add_target("shift_pause_without_release_ms", summary["pause_median_ms"], 5.0, "<=")
+    if args.at_barrier:
+        report.add_ratio(
+            "pause_prepared_over_at_barrier",
+            summary["pause_median_ms"] / summary["pause_at_barrier_median_ms"],
+        )
     report.write(args.out)
     print(json.dumps(summary, indent=1), file=sys.stderr)
     return report.exit_code(require_quiet=args.require_quiet)

@@ -195,6 +195,7 @@ class RingConfig(ArchitectureConfig):
     loader: LoaderKind = LoaderKind.shard  # shard (strict residency) or hf (whole, then prune)
     strict_parity: bool = True  # refuse stages whose torch/transformers/python/dtype differ
     bypass: bool = False  # a re-partition may leave a middle stage no blocks: the ring skips it
+    prepare_ahead: bool = True  # decide a barrier one window early, build moved blocks meanwhile
 
 
 # --- transport and control ------------------------------------------------------------------

@@ -9,8 +9,10 @@ Two protocols share this module (Petals keeps its wire types in one `data_struct
       PROPOSE {epoch, token, cuts, decision}   head -> stage   pre-stage configuration `cuts`
       ACK     {epoch, stage, obs, stats, ...}  stage -> head   ready (with its observation)
       NACK    {epoch, stage, reason}           stage -> head   cannot pre-stage
-      BARRIER_COMMIT {epoch}                   head -> stage   apply epoch (after every ACK)
-      BARRIER_ABORT  {epoch, reason, fatal}    head -> stage   drop what was pre-staged
+      BARRIER_COMMIT {epoch, prepare}          head -> stage   apply epoch (after every ACK)
+      BARRIER_ABORT  {epoch, reason, fatal, prepare}  head -> stage   drop what was pre-staged
+  (`prepare`: the cuts the next barrier will propose, when they move blocks: a stage builds
+  the blocks it would receive while the ring decodes the window; None = nothing to prepare)
       CLOSE   {reason}                         head -> stage   no barrier: generation ends
   (the window COMMIT says a worker stepped, the barrier's commits an epoch: two kinds).
 
@@ -442,6 +444,7 @@ class BarrierCommit(BarrierMessage):
 
     KIND = Kind.BARRIER_COMMIT
     epoch: int
+    prepare: tuple[int, ...] | None = None  # the next barrier's cuts, to build ahead
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -452,6 +455,7 @@ class BarrierAbort(BarrierMessage):
     epoch: int
     reason: str
     fatal: bool = False
+    prepare: tuple[int, ...] | None = None  # the next barrier's cuts, to build ahead
 
 
 @dataclass(frozen=True, kw_only=True)

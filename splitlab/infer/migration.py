@@ -11,6 +11,13 @@ For a proposed configuration the `Migrator` works out this stage's moves
    next, is installed into the staging area;
 3. every sender is joined before the stage answers ACK.
 
+The weights need not wait for the barrier. The head decides the next barrier's cuts when the
+previous barrier ends (its inputs are that barrier's ACKs) and sends them on COMMIT / ABORT
+(`prepare`); each stage then builds the blocks it would receive in a background thread
+(`prepare`) while the ring decodes the window, and the pre-stage that proposes the same cuts
+takes them (`PrestageReport.prepared`). The pause is then KV and pointer swaps, whatever the
+blocks weigh; a pre-stage the preparation does not match loads at the barrier as before.
+
 Nothing live changes before COMMIT: the donor still owns (and could keep decoding with) every
 block it sent, which is what makes an abort recoverable. `commit` swaps pointers on both
 sides, `abort` drops the staging area, `release` frees what the commit detached, timed apart.
@@ -53,10 +60,24 @@ class PrestageReport:
     kv_bytes_in: int = 0
     kv_bytes_out: int = 0
     kv_bytes_per_block_token: int = 0  # 2 x kv heads x head dim x dtype bytes
+    prepared: bool = False  # the incoming blocks were built ahead, off the barrier
+    prepare_ms: float = 0.0  # that background build (not part of the pause)
 
     @property
     def moved(self) -> bool:
         return bool(self.moves)
+
+
+@dataclass
+class _Prepared:
+    """Blocks built ahead for one configuration, by a background thread."""
+
+    cuts: tuple[int, ...]
+    layer_ids: tuple[int, ...]
+    thread: threading.Thread | None = None
+    blocks: dict[int, Any] | None = None
+    error: BaseException | None = None
+    ms: float = 0.0
 
 
 class Migrator:
@@ -72,6 +93,7 @@ class Migrator:
         self.index, self.dtype, self.timeout_s = index, dtype, timeout_s
         self.kv_prev, self.kv_next = kv_prev, kv_next
         self._pending: tuple[tuple[int, ...], tuple[Move, ...]] | None = None
+        self._prepared: _Prepared | None = None
 
     def warm_up(self) -> float:
         """Load one block fresh and drop it, before generation; returns its ms.
@@ -84,16 +106,72 @@ class Migrator:
         compute = self.compute
         if self.index is None or not isinstance(compute, PartCompute):
             return 0.0
-        part = compute.part
         layer = min(self.cuts[self.stage - 1] if self.stage else 0, self.num_layers - 1)
+        t0 = time.perf_counter()
+        self._load([layer])
+        return (time.perf_counter() - t0) * 1e3
+
+    def _load(self, layer_ids: Sequence[int]) -> dict[int, Any]:
+        """Fresh blocks `layer_ids` from this stage's checkpoint copy (a local read)."""
         from splitlab.models.shard import load_blocks
 
-        t0 = time.perf_counter()
-        load_blocks(
-            self.index, [layer], dtype=self.dtype,
+        compute = self.compute
+        assert isinstance(compute, PartCompute)
+        part = compute.part
+        return load_blocks(
+            self.index, layer_ids, dtype=self.dtype,
             block_factory=lambda _config, i: part.adapter.block_factory(part.config, i),
         )  # fmt: skip
-        return (time.perf_counter() - t0) * 1e3
+
+    def prepare(self, cuts: Sequence[int]) -> bool:
+        """Start building, in a background thread, the blocks this stage would receive if the
+        next barrier proposes `cuts`; True if there are any. Replaces an earlier preparation
+        (its blocks are dropped when its thread ends). Cuts that cannot apply prepare nothing:
+        the pre-stage that proposes them refuses them with the reason."""
+        self._prepared = None
+        if self.index is None or not isinstance(self.compute, PartCompute):
+            return False
+        try:
+            moves = moves_between(self.cuts, tuple(cuts), self.num_layers, bypass=self.bypass)
+        except SplitlabError:
+            return False
+        incoming, _ = stage_moves(self.stage, moves)
+        wanted = tuple(i for m in incoming for i in m.layer_ids)
+        if not wanted:
+            return False
+        job = _Prepared(cuts=tuple(cuts), layer_ids=wanted)
+
+        def build() -> None:
+            t0 = time.perf_counter()
+            try:
+                job.blocks = self._load(wanted)
+            except BaseException as exc:  # raised by the pre-stage that takes it
+                job.error = exc
+            job.ms = (time.perf_counter() - t0) * 1e3
+
+        job.thread = threading.Thread(target=build, name=f"prepare-{self.stage}", daemon=True)
+        job.thread.start()
+        self._prepared = job
+        return True
+
+    def _take_prepared(self, cuts: tuple[int, ...], wanted: Sequence[int],
+                       report: PrestageReport) -> dict[int, Any] | None:  # fmt: skip
+        """The blocks prepared for exactly this configuration (waiting for their thread), or
+        None when nothing matching was prepared."""
+        job, self._prepared = self._prepared, None
+        if job is None or job.cuts != cuts or job.layer_ids != tuple(wanted):
+            return None
+        assert job.thread is not None
+        job.thread.join(timeout=self.timeout_s)
+        if job.thread.is_alive():
+            raise WaitTimeoutError(
+                f"stage {self.stage}: preparing blocks {list(wanted)} did not finish within "
+                f"timeout_s={self.timeout_s}"
+            )
+        if job.error is not None:
+            raise job.error
+        report.prepared, report.prepare_ms = True, job.ms
+        return job.blocks
 
     def _port(self, neighbour: int) -> Any:
         port = self.kv_prev if neighbour < self.stage else self.kv_next
@@ -120,6 +198,8 @@ class Migrator:
             ]  # fmt: skip
         )
         self._pending = (cuts, moves)
+        if not incoming:
+            self._prepared = None  # prepared for another configuration: dropped
         if not (incoming or outgoing):
             return report
         compute = self.compute
@@ -136,8 +216,8 @@ class Migrator:
         except BaseException:
             self._cancel(owed, epoch)
             raise
-        return self._receive(incoming, senders, errors, pos=pos, epoch=epoch, report=report,
-                             t_send=t_send)  # fmt: skip
+        return self._receive(incoming, senders, errors, cuts=cuts, pos=pos, epoch=epoch,
+                             report=report, t_send=t_send)  # fmt: skip
 
     def _cancel(self, owed: list[Move], epoch: int) -> None:
         """Tell receivers still waiting for KV that it will not come (best effort)."""
@@ -174,21 +254,19 @@ class Migrator:
             senders.append(thread)
             owed.remove(m)
 
-    def _receive(self, incoming, senders, errors, *, pos, epoch, report, t_send) -> PrestageReport:  # noqa: ANN001
+    def _receive(
+        self, incoming, senders, errors, *, cuts, pos, epoch, report, t_send
+    ) -> PrestageReport:  # noqa: ANN001
         compute = self.compute
         assert isinstance(compute, PartCompute)
         per_token = report.kv_bytes_per_block_token
         try:
             if incoming:
-                from splitlab.models.shard import load_blocks
-
                 t0 = time.perf_counter()
                 wanted = [i for m in incoming for i in m.layer_ids]
-                part = compute.part
-                blocks = load_blocks(
-                    self.index, wanted, dtype=self.dtype,
-                    block_factory=lambda _config, i: part.adapter.block_factory(part.config, i),
-                )  # fmt: skip
+                blocks = self._take_prepared(cuts, wanted, report)
+                if blocks is None:
+                    blocks = self._load(wanted)
                 compute.stage_blocks(blocks)
                 t1 = time.perf_counter()
                 for m in incoming:

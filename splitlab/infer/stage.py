@@ -240,8 +240,9 @@ def build_control(run: StageRun, compute: StageCompute, identity: StageIdentity,
     log.debug("stage %d: migration warm-up %.2f ms", me, migrator.warm_up())
     if me == 0:
         control = HeadControl(window=ring.window, ctrls=links.ctrls, migrator=migrator,
-                              planner=planner_of(run), drift=drift,
-                              tracer=tracer, timeout_s=ring.ctrl_timeout_s)  # fmt: skip
+                              planner=planner_of(run), drift=drift, tracer=tracer,
+                              timeout_s=ring.ctrl_timeout_s,
+                              prepare_ahead=ring.prepare_ahead)  # fmt: skip
     else:
         control = StageControl(stage=me, window=ring.window, ctrl=links.ctrl, migrator=migrator,
                                drift=drift, tracer=tracer, timeout_s=ring.ctrl_timeout_s,

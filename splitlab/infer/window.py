@@ -7,21 +7,25 @@ the token of step s came back), so nothing is in flight while blocks move.
 Head (`HeadControl`): asks the planner for the next cuts (from the statistics and observations
 of the previous barrier's ACKs), sends PROPOSE{e} to every stage, pre-stages its own share,
 collects one answer per stage, then sends COMMIT{e} (every ACK) or ABORT{e} (a NACK: the ring
-keeps its configuration and decodes on). A stage that times out or is lost aborts e as fatal:
-the survivors hear ABORT{fatal} and stop, the head raises, no further token is emitted.
+keeps its configuration and decodes on), each carrying the next barrier's cuts when they move
+blocks (`prepare`: decided now, from these ACKs, for the token W steps on; every stage builds
+the blocks it will receive while the ring decodes the window). A stage that times out or is
+lost aborts e as fatal: the survivors hear ABORT{fatal} and stop, the head raises, no further
+token is emitted.
 When generation ends at a barrier step the head sends CLOSE instead.
 
 Stage (`StageControl`): waits for PROPOSE or CLOSE, pre-stages (`Migrator.prestage`), answers
-ACK with its drift observation and window statistics (or NACK), applies only on COMMIT{e}.
+ACK with its drift observation and window statistics (or NACK), applies only on COMMIT{e},
+then starts preparing what COMMIT/ABORT names (`Migrator.prepare`).
 
 Telemetry: one `window` record per barrier per stage (epoch, barrier_ms, prestage_ms,
 commit_ms, release_ms, n_acks, aborted, decision, obs, cuts, token; a stage adds ack_ms,
 PROPOSE read -> its answer sent, and reply_wait_ms, answer sent -> COMMIT/ABORT read; the head
 adds answer_ms, PROPOSE sent -> each stage's answer read) and one `migration` record
 per move a stage takes part in (boundary, k, role, weights_ms, kv_ms, commit_ms, pause_ms,
-kv_bytes, kv_bytes_per_block_token, release_ms). Release (dropping the detached blocks and KV, then
-empty_cache) runs after the stage's next send, while it would otherwise wait on the ring, and is
-reported on its own.
+kv_bytes, kv_bytes_per_block_token, release_ms, prepared, prepare_ms). Release (dropping the
+detached blocks and KV, then empty_cache) runs after the stage's next send, while it would
+otherwise wait on the ring, and is reported on its own.
 
     .venv/bin/pytest tests/integration/test_barrier_control_plane.py -q
 """
@@ -55,7 +59,7 @@ from splitlab.errors import (
 )
 from splitlab.infer.barrier import HeadBarrier, StageAction, StageBarrier
 from splitlab.infer.migration import Migrator, PrestageReport, prestage_error
-from splitlab.infer.planners import Planner, StageStats, WindowView
+from splitlab.infer.planners import Decision, Planner, StageStats, WindowView
 from splitlab.infer.route import stage_blocks
 from splitlab.telemetry.records import MigrationRecord, WindowRecord
 from splitlab.telemetry.trace import Tracer
@@ -149,6 +153,8 @@ def _migration_records(report: PrestageReport, *, stage: int, epoch: int, token:
             pause_ms=weights_ms + kv_ms + commit_ms,
             kv_bytes=report.kv_bytes_in if receiver else report.kv_bytes_out,
             kv_bytes_per_block_token=report.kv_bytes_per_block_token,
+            prepared=receiver and report.prepared,
+            prepare_ms=report.prepare_ms if receiver else 0.0,
         ))  # fmt: skip
     return out
 
@@ -273,6 +279,8 @@ class StageControl:
             self.migrator.abort()
         else:
             commit_ms = self.migrator.commit()
+        if reply.prepare is not None and not getattr(reply, "fatal", False):
+            self.migrator.prepare(reply.prepare)  # built while the ring decodes the window
         record = {"epoch": msg.epoch, "token": step, "barrier_ms": (time.perf_counter() - t0) * 1e3,
                   "wait_ms": wait_ms, "prestage_ms": prestage_ms, "commit_ms": commit_ms,
                   "ack_ms": (t_acked - t0) * 1e3, "reply_wait_ms": reply_wait_ms,
@@ -302,7 +310,8 @@ class HeadControl:
 
     def __init__(self, *, window: int, ctrls: Mapping[int, CtrlPipe], migrator: Migrator,
                  planner: Planner, drift: DriftSource | None = None,
-                 tracer: Tracer | None = None, timeout_s: float = 5.0) -> None:  # fmt: skip
+                 tracer: Tracer | None = None, timeout_s: float = 5.0,
+                 prepare_ahead: bool = True) -> None:  # fmt: skip
         self.window, self.ctrls, self.migrator, self.planner = (
             window,
             dict(ctrls),
@@ -319,6 +328,38 @@ class HeadControl:
         self.last_obs: dict[int, dict[str, float] | None] = {}
         self.deferred = _Deferred(self.tracer, migrator)
         self.decisions: list[dict[str, Any]] = []  # (for tools) every barrier's outcome
+        # The next barrier's decision, taken when the previous one ends: its inputs (that
+        # barrier's ACKs, the cuts it left, the token and context W steps on) are all known
+        # then, so the planner sees what it would see W tokens later, and the stages can
+        # build the blocks it moves while the ring decodes (`Migrator.prepare`).
+        self.prepare_ahead = prepare_ahead
+        self._ahead: tuple[int, int, tuple[int, ...], Decision] | None = None
+
+    def _view(self, *, token: int, cuts: tuple[int, ...], context: int) -> WindowView:
+        return WindowView(
+            token=token, cuts=cuts, num_layers=self.migrator.num_layers, context=context,
+            stats=tuple(self.last_stats.get(s) for s in range(self.num_stages)),
+            obs=tuple(self.last_obs.get(s) for s in range(self.num_stages)),
+        )  # fmt: skip
+
+    def _decide(self, *, step: int, pos: int) -> Decision:
+        """This barrier's decision: the one taken ahead if it was for this token, context and
+        cuts (always, unless generation was not where the last barrier expected), else now."""
+        ahead, self._ahead = self._ahead, None
+        cuts = tuple(self.migrator.cuts)
+        if ahead is not None and ahead[:3] == (step, pos, cuts):
+            return ahead[3]
+        return self.planner.decide(self._view(token=step, cuts=cuts, context=pos))
+
+    def _plan_ahead(self, *, step: int, pos: int, cuts: tuple[int, ...]) -> tuple[int, ...] | None:
+        """Decide the next barrier (W tokens on, from `cuts`, this barrier's outcome) now;
+        its cuts when they move blocks."""
+        if not self.prepare_ahead:
+            return None
+        token, context, cuts = step + self.window, pos + self.window, tuple(cuts)
+        decision = self.planner.decide(self._view(token=token, cuts=cuts, context=context))
+        self._ahead = (token, context, cuts, decision)
+        return tuple(decision.cuts) if tuple(decision.cuts) != cuts else None
 
     def _broadcast(self, msg: BarrierMessage, *, best_effort: bool = False) -> None:
         for stage, ctrl in self.ctrls.items():
@@ -341,12 +382,7 @@ class HeadControl:
 
     def barrier(self, *, step: int, pos: int, stats: WindowStats) -> None:
         migrator = self.migrator
-        view = WindowView(
-            token=step, cuts=migrator.cuts, num_layers=migrator.num_layers, context=pos,
-            stats=tuple(self.last_stats.get(s) for s in range(self.num_stages)),
-            obs=tuple(self.last_obs.get(s) for s in range(self.num_stages)),
-        )  # fmt: skip
-        decision = self.planner.decide(view)
+        decision = self._decide(step=step, pos=pos)
         t0 = time.perf_counter()
         propose = self.state.propose(token=step, cuts=decision.cuts, decision=decision.reason)
         epoch = propose.epoch
@@ -385,21 +421,23 @@ class HeadControl:
                     answers[stage] = msg
                     answer_ms[str(stage)] = (time.perf_counter() - t0) * 1e3
                     verdict = self.state.on_answer(msg) or verdict
-        commit_ms = 0.0
-        if isinstance(verdict, BarrierCommit):
-            self._broadcast(verdict)
-            commit_ms = migrator.commit()
-        else:
-            assert isinstance(verdict, BarrierAbort), verdict
-            self._broadcast(verdict)
-            migrator.abort()
-            log.warning("epoch %d aborted: %s", epoch, verdict.reason)
-        barrier_ms = (time.perf_counter() - t0) * 1e3
         for stage, answer in answers.items():
             if isinstance(answer, Ack):
                 self.last_stats[stage] = StageStats.from_dict(stage, answer.stats)
                 self.last_obs[stage] = answer.obs
-        aborted = not isinstance(verdict, BarrierCommit)
+        commit_ms, aborted = 0.0, not isinstance(verdict, BarrierCommit)
+        after = migrator.cuts if aborted else tuple(decision.cuts)
+        prepare = self._plan_ahead(step=step, pos=pos, cuts=after)
+        self._broadcast(replace(verdict, prepare=prepare))
+        if aborted:
+            assert isinstance(verdict, BarrierAbort), verdict
+            migrator.abort()
+            log.warning("epoch %d aborted: %s", epoch, verdict.reason)
+        else:
+            commit_ms = migrator.commit()
+        if prepare is not None:
+            migrator.prepare(prepare)
+        barrier_ms = (time.perf_counter() - t0) * 1e3
         n_acks = sum(isinstance(a, Ack) for a in answers.values())
         record = {"epoch": epoch, "token": step, "barrier_ms": barrier_ms, "prestage_ms": prestage_ms,
                   "commit_ms": commit_ms, "n_acks": n_acks, "aborted": aborted,

@@ -148,6 +148,8 @@ class MigrationRecord(Record):
     token: int | None = None
     kv_bytes_per_block_token: int | None = None
     release_ms: float = 0.0
+    prepared: bool = False  # receiver: weights built ahead, while the ring decoded
+    prepare_ms: float = 0.0  # receiver: that background build (not part of pause_ms)
 
 
 # --- training ------------------------------------------------------------------------------------

@@ -50,6 +50,9 @@ def test_in_process_shift_keeps_every_token(
     for r in moves:  # 2 x kv heads x head dim x fp32 bytes per block per token
         assert r["kv_bytes_per_block_token"] == 2 * 2 * 8 * 4
         assert r["kv_bytes"] == abs(k) * (8 + 15) * 128  # prompt + 15 decoded tokens deep
+    # decided at the barrier of token 10, built while tokens 11-15 decoded
+    receiver = next(r for r in moves if r["side"] == "receiver")
+    assert receiver["prepared"] and receiver["prepare_ms"] > 0.0
 
 
 def test_nack_aborts_the_epoch_and_decoding_goes_on(tiny9, noshift) -> None:
@@ -95,6 +98,48 @@ def test_warm_up_loads_a_boundary_block_and_keeps_nothing(tiny9) -> None:
     assert Migrator(stage=1, compute=compute, cuts=CUTS, num_layers=9).warm_up() == 0.0
 
 
+def _stage1(tiny9):  # noqa: ANN001, ANN202
+    index = open_checkpoint(tiny9)
+    compute = PartCompute(load_part(index, Span(3, 6, has_embeddings=False, has_head=False))[0])
+    compute.forward(torch.randn(1, PROMPT.shape[1], 32), 0)
+    return Migrator(stage=1, compute=compute, cuts=CUTS, num_layers=9, index=index), compute
+
+
+def test_prepared_blocks_are_taken_only_for_the_cuts_they_were_built_for(tiny9) -> None:
+    """A boundary-1 shift of -1 sends block 2 to stage 1 (stage 1 alone here, no KV)."""
+    migrator, compute = _stage1(tiny9)
+    assert not migrator.prepare([3, 5])  # stage 1 gives block 5 away: nothing comes in
+    assert not migrator.prepare([3, 3, 6])  # cannot apply to 3 stages: nothing, no raise
+    assert migrator.prepare([2, 6])
+    job = migrator._prepared
+    assert job is not None and job.layer_ids == (2,)
+    job.thread.join(timeout=30)
+    assert job.error is None and set(job.blocks) == {2}
+    assert migrator._take_prepared((2, 5), [2], report := _report()) is None  # other cuts
+    assert migrator._prepared is None and not report.prepared
+    assert migrator.prepare([2, 6])
+    taken = migrator._take_prepared((2, 6), [2], report)
+    assert set(taken) == {2} and report.prepared and report.prepare_ms > 0.0
+    assert compute.layer_ids == [3, 4, 5]  # building ahead changed nothing live
+
+
+def test_a_failed_preparation_is_raised_by_the_prestage_that_takes_it(tiny9) -> None:
+    migrator, _ = _stage1(tiny9)
+    migrator.index = None  # every later load fails: as a broken checkpoint copy would
+    assert not migrator.prepare([2, 6])  # no index: nothing can be prepared
+    migrator2, _ = _stage1(tiny9)
+    migrator2.index.key_files.clear()  # the read fails inside the thread
+    assert migrator2.prepare([2, 6])
+    with pytest.raises(Exception, match="load_blocks"):
+        migrator2._take_prepared((2, 6), [2], _report())
+
+
+def _report():  # noqa: ANN202
+    from splitlab.infer.migration import PrestageReport
+
+    return PrestageReport()
+
+
 @pytest.mark.slow
 def test_tcp_every_combo_in_one_scripted_run(tiny9, noshift, tmp_path) -> None:
     hosts = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
@@ -118,3 +163,6 @@ def test_tcp_every_combo_in_one_scripted_run(tiny9, noshift, tmp_path) -> None:
     windows = [w for w in windows if w["kind"] == "window"]
     assert sum(w["decision"].startswith("scripted: b") for w in windows) == 8
     assert not any(w["aborted"] for w in windows)
+    moves = [json.loads(x) for i in range(3) for x in (tmp_path / "traces" / f"stage-{i}.jsonl").open()]  # fmt: skip
+    receivers = [r for r in moves if r["kind"] == "migration" and r["side"] == "receiver"]
+    assert len(receivers) == 8 and all(r["prepared"] for r in receivers)  # built a window ahead
