@@ -13,7 +13,9 @@ Three things differ from the stock launcher (`submitit_slurm`):
   (`splitlab.cluster.slurm_jobs.SlurmJobRecord`: state, exit code, log tail of a failed job),
   and raises when any job failed, so the sweep exits non-zero after all jobs have ended;
 - a job ignores submitit's pre-timeout signal: splitlab runs are not checkpointable, so Slurm
-  ends an over-time job itself and sacct says TIMEOUT.
+  ends an over-time job itself and sacct says TIMEOUT. It is ignored from the job's first
+  line (`JOB_PYTHON`): with a time limit under submitit's signal lead (1 minute vs 90 s)
+  Slurm sends it as the job starts, and it killed jobs still unpickling their function.
 
 It lives under `hydra_plugins` because Hydra instantiates launchers only from there; without the
 `cluster` extra (hydra-submitit-launcher) the module defines nothing.
@@ -21,7 +23,9 @@ It lives under `hydra_plugins` because Hydra instantiates launchers only from th
 
 import json
 import logging
+import shlex
 import signal
+import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -47,6 +51,15 @@ except ImportError:  # the `cluster` extra is not installed: no Slurm launcher
     SlurmLauncher = None
 
 log = logging.getLogger(__name__)
+
+# The job's interpreter: SIGUSR2 ignored before submitit imports anything, then submitit's own
+# entry (`python -u -m submitit.core._submit FOLDER` appends its arguments to this command).
+_JOB_ENTRY = (
+    "import signal, sys; signal.signal(signal.SIGUSR2, signal.SIG_IGN); "
+    "sys.argv = ['submitit', sys.argv[-1]]; "
+    "from submitit.core.submission import submitit_main; submitit_main()"
+)
+JOB_PYTHON = f"{shlex.quote(sys.executable)} -u -c {shlex.quote(_JOB_ENTRY)}"
 
 # Keys of our schema that are not submitit parameters.
 OWN_KEYS = ("_target_", "poll_s", "log_tail_lines", "state_wait_s")
@@ -122,6 +135,7 @@ if SlurmLauncher is not None:
                 cluster="slurm",
                 folder=params.pop("submitit_folder"),
                 slurm_max_num_timeout=params.pop("max_num_timeout"),
+                slurm_python=JOB_PYTHON,
             )
             shared = set(OmegaConf.structured(BaseQueueConf).keys())
             executor.update_parameters(
