@@ -279,7 +279,7 @@ class StageControl:
             self.migrator.abort()
         else:
             commit_ms = self.migrator.commit()
-        if reply.prepare is not None and not getattr(reply, "fatal", False):
+        if reply.prepare is not None:  # never on a fatal ABORT (the head sends none there)
             self.migrator.prepare(reply.prepare)  # built while the ring decodes the window
         record = {"epoch": msg.epoch, "token": step, "barrier_ms": (time.perf_counter() - t0) * 1e3,
                   "wait_ms": wait_ms, "prestage_ms": prestage_ms, "commit_ms": commit_ms,

@@ -15,7 +15,7 @@ import torch
 
 from splitlab.configure import compose_config
 from splitlab.infer.compute import PartCompute
-from splitlab.infer.migration import Migrator
+from splitlab.infer.migration import Migrator, PrestageReport
 from splitlab.infer.planners import ForcedShift
 from splitlab.infer.ring import GenParams
 from splitlab.launch.ring import run_ring
@@ -115,7 +115,7 @@ def test_prepared_blocks_are_taken_only_for_the_cuts_they_were_built_for(tiny9) 
     assert job is not None and job.layer_ids == (2,)
     job.thread.join(timeout=30)
     assert job.error is None and set(job.blocks) == {2}
-    assert migrator._take_prepared((2, 5), [2], report := _report()) is None  # other cuts
+    assert migrator._take_prepared((2, 5), [2], report := PrestageReport()) is None  # other cuts
     assert migrator._prepared is None and not report.prepared
     assert migrator.prepare([2, 6])
     taken = migrator._take_prepared((2, 6), [2], report)
@@ -131,13 +131,7 @@ def test_a_failed_preparation_is_raised_by_the_prestage_that_takes_it(tiny9) -> 
     migrator2.index.key_files.clear()  # the read fails inside the thread
     assert migrator2.prepare([2, 6])
     with pytest.raises(Exception, match="load_blocks"):
-        migrator2._take_prepared((2, 6), [2], _report())
-
-
-def _report():  # noqa: ANN202
-    from splitlab.infer.migration import PrestageReport
-
-    return PrestageReport()
+        migrator2._take_prepared((2, 6), [2], PrestageReport())
 
 
 @pytest.mark.slow
