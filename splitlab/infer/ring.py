@@ -186,6 +186,7 @@ class RingStage:
         self.tracer = tracer or Tracer.null()
         self.strict_parity, self.timeout_s, self.session = strict_parity, timeout_s, session
         self.index, self.num_stages = identity.stage, identity.num_stages
+        self._routing = Routing(session=session, stage=self.index)  # its ids encoded once
         self.is_head, self.is_tail = self.index == 0, self.index == self.num_stages - 1
         self.pos = 0  # tokens this stage has processed (the next call's first position)
         self.step = 0  # the last decode step this stage took part in
@@ -247,7 +248,7 @@ class RingStage:
         """Send to stage `to` (default: the next stage with blocks)."""
         pipe = self._pipe(self.route().target if to is None else to, inbound=False)
         t0 = time.perf_counter()
-        pipe.send(kind, tensors, meta=meta, routing=Routing(session=self.session, stage=self.index))
+        pipe.send(kind, tensors, meta=meta, routing=self._routing)
         nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
         return (time.perf_counter() - t0) * 1e3, nbytes
 

@@ -96,9 +96,20 @@ class TensorSpec(NamedTuple):
 
     @property
     def key(self) -> tuple[torch.dtype, tuple[int, ...]]:
-        from splitlab.wire.frame import DTYPES  # torch only where tensors are made
+        """(torch dtype, shape): the receive pool's key for this tensor."""
+        return _torch_dtypes()[self.dtype], self.shape
 
-        return DTYPES[self.dtype], self.shape
+
+_DTYPES: dict[str, torch.dtype] = {}
+
+
+def _torch_dtypes() -> dict[str, torch.dtype]:
+    """frame.DTYPES, imported on first use: torch only where tensors are made."""
+    if not _DTYPES:
+        from splitlab.wire.frame import DTYPES
+
+        _DTYPES.update(DTYPES)
+    return _DTYPES
 
 
 @dataclass(frozen=True)
@@ -248,6 +259,11 @@ def _validate(d: Any, max_frame_bytes: int) -> FrameHeader:
 
 
 _NO_ROUTING = Routing()
+# Validated routings by their ids: a stream's frames repeat a few, and a Routing shared between
+# them keeps its `ids_json` (a reply reuses it). Bounded: a peer sending ever-new ids only
+# refills it.
+_ROUTINGS: dict[tuple[tuple[str, Any], ...], Routing] = {}
+_MAX_ROUTINGS = 512
 
 
 def _routing(ids: Any) -> Routing:
@@ -268,7 +284,13 @@ def _routing(ids: Any) -> Routing:
         else:
             continue
         values[name] = v
-    return Routing(**values)
+    key = tuple(values.items())  # only exact ints and strings: True and 1 never share a key
+    routing = _ROUTINGS.get(key)
+    if routing is None:
+        if len(_ROUTINGS) >= _MAX_ROUTINGS:
+            _ROUTINGS.clear()
+        routing = _ROUTINGS[key] = Routing(**values)
+    return routing
 
 
 def _tensor_specs(items: Any, max_frame_bytes: int) -> tuple[TensorSpec, ...]:

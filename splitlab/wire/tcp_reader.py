@@ -85,34 +85,37 @@ class FrameReader:
         specs = header.tensors
         lease = pool.lease([s.key for s in specs], timeout_s=timeout_s)
         self.last_stream = None
-        to_come = sum(s.nbytes for s in specs) - (self._end - self._start)
-        started_s = time.perf_counter()
+        payload, has_bool = 0, False
+        for spec in specs:
+            payload += spec.nbytes
+            has_bool = has_bool or spec.dtype == "bool"
+        to_come = payload - (self._end - self._start)
         if to_come >= STREAM_MIN_BYTES:
+            started_s = time.perf_counter()
             to_come -= queued_bytes(self.sock)
         try:
             tensors = {}
-            size = self.pending_bytes
             for spec, buf in zip(specs, lease.buffers, strict=True):
                 n = spec.nbytes
                 if n:
-                    got = self._end - self._start
-                    if got >= n:  # the whole tensor came with the header (a small frame)
-                        buf.view[:] = self._view[self._start : self._start + n]
-                        self._start += n
+                    at = self._start
+                    if self._end - at >= n:  # the whole tensor came with the header (a small frame)
+                        buf.view[:] = self._view[at : at + n]
+                        self._start = at + n
                     else:
                         self._payload_into(buf.view, spec.name)
                 tensors[spec.name] = buf.tensor
-                size += n
             if self._start == self._end:
                 self._start = self._end = 0
             self.pending = None  # the frame is consumed whole: the stream is in step again
             if to_come >= STREAM_MIN_BYTES:
                 self.last_stream = (to_come, (time.perf_counter() - started_s) * 1e3)
-            check_payload(tensors, check_finite=self.check_finite)
+            if self.check_finite or has_bool:  # else there is nothing to check
+                check_payload(tensors, check_finite=self.check_finite)
         except BaseException:
             lease.release()
             raise
-        return header, tensors, lease, size
+        return header, tensors, lease, self.pending_bytes + payload
 
     def _header(self, block: bool) -> FrameHeader | None:
         started = self._end > self._start
