@@ -212,6 +212,8 @@ class TransportConfig:
     pool_bytes: int = 64 * 1024 * 1024  # budget per buffer pool (bytes)
     send_queue_frames: int = 64  # frames queued per peer and lane before a send blocks
     max_frame_bytes: int = 256 * 1024 * 1024  # refuse larger frames before allocating
+    spin_us: float = 0.0  # tcp: a receive looks this long for a frame before it sleeps; 0 =
+    # sleep at once (fine-tuning waits on compute); task=infer sets 200 (splitlab/wire/spin.py)
     url: str = "amqp://guest:guest@127.0.0.1:5672/%2F"  # broker (rabbitmq transport only)
 
 

@@ -24,6 +24,7 @@ from splitlab.config.schema import (
     UShapeConfig,
 )
 from splitlab.errors import ConfigError
+from splitlab.wire.spin import MAX_SPIN_US
 
 MAX_PORT = 65535
 MIN_POOL_BYTES = 1 << 20  # a buffer pool smaller than this cannot hold a useful frame
@@ -222,6 +223,11 @@ def validate_transport(transport: TransportConfig) -> None:
     )
     _positive("transport.max_frame_bytes", transport.max_frame_bytes)
     _positive("transport.send_queue_frames", transport.send_queue_frames)
+    _require(
+        0 <= transport.spin_us <= MAX_SPIN_US,
+        f"transport.spin_us={transport.spin_us} must be in [0, {MAX_SPIN_US:g}] (microseconds a "
+        "receive looks for a frame before it sleeps; 0 = sleep at once)",
+    )
 
 
 def validate_rounds(task: FinetuneTaskConfig) -> None:

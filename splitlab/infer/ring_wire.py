@@ -33,6 +33,7 @@ from splitlab.wire.base import Channel, Transport
 from splitlab.wire.delay import DelayLine
 from splitlab.wire.frame import FrameHeader, Lane
 from splitlab.wire.session_key import session_key
+from splitlab.wire.spin import SPIN_US
 from splitlab.wire.tcp import TcpTransport
 
 
@@ -121,7 +122,7 @@ def bypass_dials(stage: int, num_stages: int) -> list[int]:
 
 def stage_transport(*, stage: int, bind_host: str, base_port: int, session: str,
                     timeout_s: float, tracer: Tracer | None = None,
-                    delay: DelayLine | None = None) -> TcpTransport:  # fmt: skip
+                    delay: DelayLine | None = None, spin_us: float = SPIN_US) -> TcpTransport:  # fmt: skip
     """Stage `stage`'s TCP transport on `bind_host:base_port + stage`, keyed from the
     environment (`splitlab.wire.session_key`); bind it before loading anything, so a
     stale port fails fast. `timeout_s` also bounds a peer stalling mid-frame; the transport
@@ -134,7 +135,7 @@ def stage_transport(*, stage: int, bind_host: str, base_port: int, session: str,
     try:
         return TcpTransport(stage_peer(stage), key=session_key(), session=session,
                             bind_host=bind_host, port=port, stall_timeout_s=timeout_s,
-                            tracer=tracer, delay=delay)  # fmt: skip
+                            tracer=tracer, delay=delay, spin_us=spin_us)  # fmt: skip
     except OSError as exc:
         raise ConfigError(
             f"cannot bind {bind_host}:{port} ({exc}): a stale stage may still hold the port"

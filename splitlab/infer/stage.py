@@ -65,6 +65,7 @@ from splitlab.telemetry.trace import Tracer
 from splitlab.testbed.placement import node_delay_line
 from splitlab.testbed.topology import Topology, topology_from_config
 from splitlab.wire.delay import DelayLine
+from splitlab.wire.spin import SPIN_US
 
 log = logging.getLogger("splitlab.infer.stage")
 
@@ -88,6 +89,7 @@ class StageRun:
     drift: DriftConfig | None  # None = no drift
     testbed: Topology | None = None  # the testbed this stage runs on; None = none
     ctrl_fault: str | None = None  # testing: nack or hang at the first barrier
+    spin_us: float = SPIN_US  # transport.spin_us: how long a receive looks before it sleeps
     parity_override: dict[str, str] = field(default_factory=dict)  # testing: versions skew
     scripted_shifts: list[tuple[int, int, int]] = field(default_factory=list)  # testing: the
     # head's planner makes these (token, boundary, k) shifts instead of the config's planner
@@ -164,7 +166,7 @@ def stage_run(
         num_layers=cfg.model.num_layers, dtype=cfg.model.dtype, device=cfg.device,
         session=session, run_dir=run_dir, bind=bind or ring.peer_hosts[stage], generation=task,
         tokenizer=tokenizer_ref(cfg.model), planner=cfg.planner, drift=drift, testbed=testbed,
-        ctrl_fault=ctrl_fault,
+        ctrl_fault=ctrl_fault, spin_us=cfg.transport.spin_us,
         parity_override=dict(parity_override or {}), scripted_shifts=list(scripted_shifts or []),
     )  # fmt: skip
 
@@ -288,7 +290,8 @@ def run_stage(run: StageRun) -> int:
     tracer = Tracer.for_run(run.run_dir, role="stage", rank=run.stage)
     transport = stage_transport(stage=run.stage, bind_host=run.bind, base_port=ring.base_port,
                                 session=run.session, timeout_s=ring.data_timeout_s,
-                                tracer=tracer, delay=run.delay_line())  # fmt: skip
+                                tracer=tracer, delay=run.delay_line(),
+                                spin_us=run.spin_us)  # fmt: skip
     t0 = time.perf_counter()
     compute, identity, meta, config, index = build_compute(run)
     load_ms = (time.perf_counter() - t0) * 1e3

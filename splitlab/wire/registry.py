@@ -77,7 +77,7 @@ def _open_tcp(cfg: TransportConfig, facts: TransportFacts) -> Transport:
         facts.node_id, key=facts.key, session=facts.session, bind_host=cfg.bind_host,
         port=cfg.port, advertise_host=cfg.advertise_host, broker_host=facts.broker_host,
         pool_bytes=cfg.pool_bytes, max_frame_bytes=cfg.max_frame_bytes,
-        send_queue_frames=cfg.send_queue_frames, delay=facts.delay,
+        send_queue_frames=cfg.send_queue_frames, delay=facts.delay, spin_us=cfg.spin_us,
     )  # fmt: skip
 
 

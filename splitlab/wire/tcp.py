@@ -14,8 +14,10 @@ thread. Frames up to `inline_max_bytes` may go inline; `inline_max_bytes=0` alwa
 `send` returns at once. With a `delay` line (a testbed link's one-way delay, wire/delay.py)
 every frame takes that path at its due time instead, in order. Receiving is pulled by the
 caller: `recv` reads the next frame of a lane (from one peer, if asked) from a ready socket
-through its read-ahead buffer into a pooled buffer (tcp_reader.py), waiting in that socket's
-`recv` when it is the only one to read and with `poll` otherwise. The lane's own sockets,
+through its read-ahead buffer into a pooled buffer (tcp_reader.py). Where the lane's last
+wait ended within `spin_us` it first looks for one without sleeping for that long (wire/spin.py:
+a reply that comes meanwhile finds its reader awake); then it waits in that socket's `recv`
+when it is the only one to read and with `poll` otherwise. The lane's own sockets,
 kernel buffers, send queues and pool are the receive queue, so a lane that nobody drains fills
 up and pushes back on its senders without touching the other lanes. A closed or reset peer
 raises PeerLostError naming it (one pending loss per peer and lane); every wait is bounded.
@@ -54,6 +56,7 @@ from splitlab.wire.errors import (
 )
 from splitlab.wire.frame import Lane, Routing, encode_parts
 from splitlab.wire.pool import BufferPool
+from splitlab.wire.spin import MAX_SPIN_US
 from splitlab.wire.staging import Pinned, Stager
 from splitlab.wire.tcp_conn import Connection, timeval
 from splitlab.wire.tcp_reader import WAIT_SLICE_S, FrameReader
@@ -92,6 +95,7 @@ class TcpTransport(Transport):
         pinned: Pinned | str = Pinned.AUTO,
         tracer: Tracer | None = None,
         delay: DelayLine | None = None,
+        spin_us: float = 0.0,
     ) -> None:
         self.peer_id, self.session = peer_id, session
         self._key = key.encode() if isinstance(key, str) else bytes(key)
@@ -102,6 +106,10 @@ class TcpTransport(Transport):
         self.handshake_timeout_s = handshake_timeout_s
         self.tracer = tracer or Tracer.null()
         self.delay = delay  # a testbed link's one-way delay, where the kernel cannot add it
+        if not 0 <= spin_us <= MAX_SPIN_US:
+            raise ValueError(f"spin_us must be in [0, {MAX_SPIN_US}], got {spin_us}")
+        self.spin_s = spin_us / 1e6
+        self._spin_pays = {lane: True for lane in Lane}  # the last wait ended within spin_s
         self._counters = WireCounters()
         self._stager = Stager(pinned=pinned, pool_bytes=pool_bytes, counters=self._counters)
         self._pools = {
@@ -345,13 +353,22 @@ class TcpTransport(Transport):
     def recv(
         self, lane: Lane, *, timeout_s: float = DEFAULT_TIMEOUT_S, peer_id: str | None = None
     ) -> Message:
-        deadline = time.monotonic() + timeout_s
+        start = time.monotonic()
+        deadline = start + timeout_s
+        # Look once without waiting. Then, if the last wait on this lane ended within spin_s,
+        # look again and again without sleeping for spin_s: a frame that comes meanwhile is
+        # read by a thread that never slept (no wake-up, warm caches); waits longer than
+        # that (a peer computing) sleep at once and leave the CPU to whoever computes.
+        # Sleeping, the only socket to read (the lane's, or the asked peer's on it) is
+        # waited on in its recv, one slice at a time (no poll, no wake-up hand-off); a peer
+        # connecting meanwhile is seen within a slice.
+        spin_until = start + self.spin_s if self._spin_pays[lane] else start
+        looked = False
         while True:
             conns = self._recv_conns(lane, peer_id)
-            # The only socket to read (the lane's, or the asked peer's on it): wait in its recv,
-            # one slice at a time (no poll, no wake-up hand-off); a peer connecting meanwhile
-            # is seen within a slice.
-            block = len(conns) == 1 and deadline - time.monotonic() > WAIT_SLICE_S
+            now = time.monotonic()
+            spinning = not looked or now < spin_until
+            block = not spinning and len(conns) == 1 and deadline - now > WAIT_SLICE_S
             for conn in conns:
                 if conn.read_lock.acquire(blocking=False):
                     try:
@@ -359,16 +376,21 @@ class TcpTransport(Transport):
                     finally:
                         conn.read_lock.release()
                     if msg is not None:
+                        if looked:  # it was waited for: would a spin have caught it?
+                            self._spin_pays[lane] = time.monotonic() - start <= self.spin_s
                         return msg
                     if block:
                         break
             else:
                 block = False
+            looked = True
             left = deadline - time.monotonic()
             if left <= 0:
+                if timeout_s > self.spin_s:  # a poll that outlasted the spin: it did not pay
+                    self._spin_pays[lane] = False
                 src = f" from {peer_id!r}" if peer_id else ""
                 raise WaitTimeoutError(f"no {lane.value} frame{src} within timeout_s={timeout_s}")
-            if not block:
+            if not block and not spinning:
                 self._wait_readable(lane, conns, left)
 
     def _wait_readable(self, lane: Lane, conns: tuple[Connection, ...], left_s: float) -> None:

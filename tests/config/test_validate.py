@@ -91,6 +91,8 @@ EDGES = [
     ("transport.pool_bytes=1", "transport.pool_bytes=1"),
     ("transport.max_frame_bytes=-1", "transport.max_frame_bytes=-1"),
     ("transport.send_queue_frames=0", "transport.send_queue_frames=0"),
+    ("transport.spin_us=-1", "transport.spin_us=-1"),
+    ("transport.spin_us=1e9", "transport.spin_us=1000000000.0"),
 ]
 
 

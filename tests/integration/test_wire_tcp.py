@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import threading
@@ -226,3 +227,57 @@ def test_recv_waiting_on_the_only_socket_still_serves_a_peer_that_connects_later
     finally:
         for t in (a, b, c):
             t.close(drain_timeout_s=0)
+
+
+def _wait_then_send(a: TcpTransport, b: TcpTransport, wait_s: float) -> float:
+    """CPU time of b's `recv` that waits `wait_s` for a's frame."""
+    cpu: list[float] = []
+
+    def wait() -> None:
+        start = time.thread_time()
+        with b.recv(Lane.ACTIVATION, timeout_s=5) as msg:
+            assert msg.kind == "late"
+        cpu.append(time.thread_time() - start)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(wait_s)
+    a.send("b", Lane.ACTIVATION, "late", {"x": torch.ones(3)}).wait(5)
+    waiter.join(timeout=5)
+    assert cpu, "the waiting recv got nothing"
+    return cpu[0]
+
+
+@contextlib.contextmanager
+def _linked(spin_us: float) -> Iterator[tuple[TcpTransport, TcpTransport]]:
+    """a -> b on the activation lane, b receiving under `spin_us`."""
+    a = tcp_transport("a", "127.0.0.2")
+    b = tcp_transport("b", "127.0.0.3", spin_us=spin_us)
+    try:
+        a.connect("b", *b.address, timeout_s=5)
+        b.wait_connected("a", [Lane.ACTIVATION], timeout_s=5)
+        yield a, b
+    finally:
+        a.close(drain_timeout_s=0)
+        b.close(drain_timeout_s=0)
+
+
+def test_recv_spins_where_the_last_wait_was_short_and_sleeps_where_it_was_long() -> None:
+    with _linked(100_000) as (a, b):
+        # 100 ms of spinning burns CPU for most of it (a share of it on a loaded host)
+        assert _wait_then_send(a, b, 0.3) > 0.01
+        # that wait outlasted the spin: the next one sleeps at once
+        assert _wait_then_send(a, b, 0.3) < 0.01
+        # a wait within the spin makes the lane spin again
+        _wait_then_send(a, b, 0.01)
+        assert _wait_then_send(a, b, 0.3) > 0.01
+        # a poll that times out after the spin (a loop polling an idle lane) spins no more
+        _wait_then_send(a, b, 0.01)
+        with pytest.raises(WaitTimeoutError):
+            b.recv(Lane.ACTIVATION, timeout_s=0.2)
+        assert _wait_then_send(a, b, 0.3) < 0.01
+
+
+def test_spin_us_zero_never_spins() -> None:
+    with _linked(0) as (a, b):
+        assert _wait_then_send(a, b, 0.3) < 0.01

@@ -64,11 +64,12 @@ def test_a_registered_drift_profile_is_a_config_name() -> None:
 
 
 def test_tcp_opens_from_the_transport_config_with_its_queue_bound() -> None:
-    cfg = TransportConfig(name="tcp", send_queue_frames=5, pool_bytes=1 << 20)
+    cfg = TransportConfig(name="tcp", send_queue_frames=5, pool_bytes=1 << 20, spin_us=30.0)
     facts = TransportFacts(node_id="n0", session="s0", key=os.urandom(32), timeout_s=5.0)
     transport = open_transport(cfg, facts)
     try:
         assert transport.send_queue_frames == 5 and transport.peer_id == "n0"
+        assert transport.spin_s == pytest.approx(30e-6)
     finally:
         transport.close()
 
