@@ -49,6 +49,7 @@ from splitlab.testbed.session import Testbed
 PROMPT = "Write a long story about a robot who learns to paint."
 HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
 ONE_PROCESS_FLAG = "--one-process-arm"
+DEVICE_FLAG = "--one-process-device"  # the one-process arm runs on the ring's `device`
 
 
 def stage_profile(run_dir: Path, num_stages: int) -> list[dict]:
@@ -99,10 +100,11 @@ def link_cost(run_dir: Path, rate_mbit: dict[int, float]) -> dict[str, Any]:
     }
 
 
-def one_process_arm(folder: str, tokens: int) -> int:
-    """The baseline in this process, as one JSON line on stdout (run inside a testbed host)."""
+def one_process_arm(folder: str, tokens: int, device: str = "cpu") -> int:
+    """The baseline in this process on `device`, as one JSON line on stdout (run inside a
+    testbed host)."""
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype="auto").eval()
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype="auto").to(device).eval()
     prompt_ids = encode_prompt(tokenizer, PROMPT)
     generate_reference(model, prompt_ids, GenParams(max_new_tokens=4))  # warm-up
     ref = generate_reference(model, prompt_ids, GenParams(max_new_tokens=tokens))
@@ -112,10 +114,12 @@ def one_process_arm(folder: str, tokens: int) -> int:
     return 0
 
 
-def one_process_fresh(tb: Testbed | None, folder: Path, tokens: int) -> dict[str, Any]:
+def one_process_fresh(tb: Testbed | None, folder: Path, tokens: int,
+                      device: str = "cpu") -> dict[str, Any]:  # fmt: skip
     """`one_process_arm` in a fresh process under the stages' OpenMP policy (`stage_env`);
     on a testbed inside the head's host (its CPU quota and thread count)."""
-    argv = [sys.executable, __file__, ONE_PROCESS_FLAG, str(folder), "--tokens", str(tokens)]
+    argv = [sys.executable, __file__, ONE_PROCESS_FLAG, str(folder), "--tokens", str(tokens),
+            DEVICE_FLAG, device]  # fmt: skip
     if tb is not None:
         argv = place(tb, STAGE_ROLE, 0).wrap(argv)
     done = subprocess.run(argv, capture_output=True, text=True,
@@ -131,9 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument(ONE_PROCESS_FLAG, metavar="FOLDER", help="internal: the testbed's baseline")
+    p.add_argument(DEVICE_FLAG, default="cpu", help="internal: the baseline's device")
     args = p.parse_args(argv)
     if args.one_process_arm:
-        return one_process_arm(args.one_process_arm, args.tokens)
+        return one_process_arm(args.one_process_arm, args.tokens, args.one_process_device)
     tokens, reps = (32, 1) if args.quick else (args.tokens, args.reps)
     on_testbed = args.testbed != "none"
     where = (
@@ -181,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         one, ring, profiles, costs, same = [], [], [], [], True
         for rep in range(reps):
-            arm = one_process_fresh(tb, folder, tokens)
+            arm = one_process_fresh(tb, folder, tokens, cfg.device)
             ref_tpot, ref_ttft, ref_ids = arm["tpot_ms_median"], arm["ttft_ms"], arm["token_ids"]
             report.add_arm("one_process", arm["threads"])
             one.append(ref_tpot)

@@ -36,6 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from splitlab.config.schema import MAX_SPIN_US, SPIN_US  # noqa: E402
 from splitlab.errors import SplitlabError  # noqa: E402
 from splitlab.telemetry.bench import (  # noqa: E402
     BenchReport,
@@ -48,7 +49,6 @@ from splitlab.testbed.topology import Topology, delay_line_for  # noqa: E402
 from splitlab.wire.base import SENT, SendTicket  # noqa: E402
 from splitlab.wire.delay import DelayLine  # noqa: E402
 from splitlab.wire.frame import Lane  # noqa: E402
-from splitlab.wire.spin import MAX_SPIN_US, SPIN_US  # noqa: E402
 from splitlab.wire.tcp import TcpTransport  # noqa: E402
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -106,7 +106,7 @@ class _Side:
     topology: Topology | None = None
     host: str = ""
     peer_host: str = ""
-    spin_us: float = SPIN_US  # both arms' receive policy (see splitlab/wire/spin.py)
+    spin_us: float = SPIN_US  # both arms' receive policy (see splitlab/wire/tcp.py)
 
     def delay_line(self, peer_id: str) -> DelayLine | None:
         if self.topology is None:

@@ -76,7 +76,8 @@ def overrides(args, transport: str, *, lowrank: bool = False) -> list[str]:
         f"architecture.microbatches_per_window={args.window}", f"transport={transport}",
         "task.rounds=1", f"task.steps_per_round={args.steps}", "task.validate=false",
         "task.save_checkpoint=false", f"finetune.batch_size={args.batch_size}",
-        "architecture.adaptive_weights=false", *testbed, *sft, *args.override,
+        "architecture.adaptive_weights=false", f"architecture.worker_device={args.device}",
+        *testbed, *sft, *args.override,
     ]  # fmt: skip
 
 
@@ -91,11 +92,12 @@ def unsplit_samples_per_s(args) -> float:
     parts = build_parts(model, plan)
     if cfg.finetune.method is FinetuneMethod.lora:
         apply_lora(parts, cfg.finetune.lora)
-    whole = group(parts)
+    device = torch.device(args.device)
+    whole = group(parts).to(device)
     whole.train()
     feed = OwnerFeed(cfg.data, tokenizer, owner_index=0, num_owners=1,
                      batch_size=cfg.finetune.batch_size, steps_per_round=args.steps,
-                     seed=cfg.task.seed)  # fmt: skip
+                     seed=cfg.task.seed, device=device)  # fmt: skip
     batches = feed.round_batches(0)
     optimizer = torch.optim.AdamW(partition_parameters(whole), lr=cfg.finetune.lr)
     front, body, tail = parts
@@ -104,12 +106,12 @@ def unsplit_samples_per_s(args) -> float:
 
     threads = torch.get_num_threads()
     # the dtype the split arms' nodes compute in (finetune.compute_dtype), so both arms match
-    dtype = autocast_dtype(DType(cfg.finetune.compute_dtype), torch.device("cpu"))
+    dtype = autocast_dtype(DType(cfg.finetune.compute_dtype), device)
     began, cpu_began = time.perf_counter(), time.process_time()
     for step, batch in enumerate(batches):
         pad = batch[PAD_MASK]
         pos = positions_from_pad_mask(pad)
-        with autocast(dtype, torch.device("cpu")):
+        with autocast(dtype, device):
             logits = tail(body(front(batch[INPUT_IDS], pad, pos), pad, pos), pad, pos)
         loss = tail.adapter.loss(logits.float(), tail.adapter.labels(batch)) / args.window
         loss.backward()
@@ -183,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rank", type=int, default=8, help="R of the low-rank cut")
     p.add_argument("--sft-cuts", default="both", help="finetune.sft.cuts of the low-rank arm")
     p.add_argument("--override", action="append", default=[], help="extra config override")
+    p.add_argument("--device", default="cpu",
+                   help="the unsplit arm's and the workers' device (cpu, cuda, cuda:N)")  # fmt: skip
     p.add_argument("--node-env", action="append", default=[], metavar="KEY=VALUE",
                    help="environment of the node processes (not of the unsplit arm)")  # fmt: skip
     args = p.parse_args(argv)
@@ -192,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     report = BenchReport(bench="ushape", config={
         "model": args.model, "steps": args.steps, "batch_size": args.batch_size,
         "window": args.window, "reps": args.reps, "overrides": args.override,
+        "device": args.device,
         "node_env": args.node_env, "testbed": args.testbed, "lowrank": args.lowrank,
         "rank": args.rank, "sft_cuts": args.sft_cuts,
     })  # fmt: skip

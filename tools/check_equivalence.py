@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         assets.resolve(ref_tokenizer) if ref_tokenizer else folder
     )
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[cfg.model.dtype.value])
-    model.eval()
+    model.to(torch.device(cfg.device)).eval()  # the reference runs on `device`
     if task.prompt_ids:
         prompt_ids, stop = torch.tensor([list(task.prompt_ids)]), ()
     else:

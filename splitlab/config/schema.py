@@ -163,6 +163,7 @@ class UShapeConfig(ArchitectureConfig):
     objective: Objective = Objective.mean_of_means  # how per-microbatch losses combine
     timeout_s: float = 120.0  # any single wait (peer, window, commit) before aborting the round
     startup_timeout_s: float = 0.0  # first START and REGISTER waits (model loads); 0 = timeout_s
+    worker_device: str | None = None  # the workers' device (cpu, cuda, cuda:N); None = device
 
 
 @dataclass
@@ -192,6 +193,7 @@ class RingConfig(ArchitectureConfig):
     peer_hosts: list[str] = field(default_factory=list)  # per-stage addresses; [] = loopback
     ctrl_host: str | None = None  # the head's address (control star); None = peer_hosts[0]
     base_port: int = 0  # stage i listens on base_port+i; 0 = the launcher picks free ports
+    stage_devices: list[str] = field(default_factory=list)  # per stage; [] = device for all
     loader: LoaderKind = LoaderKind.shard  # shard (strict residency) or hf (whole, then prune)
     strict_parity: bool = True  # refuse stages whose torch/transformers/python/dtype differ
     bypass: bool = False  # a re-partition may leave a middle stage no blocks: the ring skips it
@@ -199,6 +201,12 @@ class RingConfig(ArchitectureConfig):
 
 
 # --- transport and control ------------------------------------------------------------------
+
+
+# How long a TCP receive may look for a frame before it sleeps (`TcpTransport.recv`, where the
+# measurements are): the ring's (conf/task/infer.yaml) and the benchmarks' value, and the bound.
+SPIN_US = 200.0
+MAX_SPIN_US = 100_000.0  # a longer spin is a busy wait, not a wake-up saved
 
 
 @dataclass
@@ -213,7 +221,7 @@ class TransportConfig:
     send_queue_frames: int = 64  # frames queued per peer and lane before a send blocks
     max_frame_bytes: int = 256 * 1024 * 1024  # refuse larger frames before allocating
     spin_us: float = 0.0  # tcp: a receive looks this long for a frame before it sleeps; 0 =
-    # sleep at once (fine-tuning waits on compute); task=infer sets 200 (splitlab/wire/spin.py)
+    # sleep at once (fine-tuning waits on compute); task=infer sets 200 (wire/tcp.py)
     url: str = "amqp://guest:guest@127.0.0.1:5672/%2F"  # broker (rabbitmq transport only)
 
 

@@ -10,9 +10,11 @@ above every subpackage, so config imports nothing but itself and `splitlab.error
 from __future__ import annotations
 
 import math
+import re
 
 from splitlab.config.enums import ArchitectureName, DType, SftCut, TaskKind, TaskName
 from splitlab.config.schema import (
+    MAX_SPIN_US,
     Config,
     DataConfig,
     FinetuneConfig,
@@ -24,7 +26,6 @@ from splitlab.config.schema import (
     UShapeConfig,
 )
 from splitlab.errors import ConfigError
-from splitlab.wire.spin import MAX_SPIN_US
 
 MAX_PORT = 65535
 MIN_POOL_BYTES = 1 << 20  # a buffer pool smaller than this cannot hold a useful frame
@@ -125,6 +126,14 @@ def validate_ring(arch: RingConfig, model: ModelConfig) -> None:
             f"architecture.cuts={cuts} must be strictly increasing (every stage owns >= 1 block)",
         )
     num_stages = len(cuts) + 1 if cuts else arch.stages
+    if arch.stage_devices:
+        _require(
+            len(arch.stage_devices) == num_stages,
+            f"architecture.stage_devices has {len(arch.stage_devices)} entries "
+            f"{list(arch.stage_devices)} but the ring has {num_stages} stages",
+        )
+        for i, device in enumerate(arch.stage_devices):
+            _device(f"architecture.stage_devices[{i}]", device)
     if arch.peer_hosts:
         _require(
             len(arch.peer_hosts) == num_stages,
@@ -287,7 +296,13 @@ def validate_config(cfg: Config) -> None:
             isinstance(arch, RingConfig),
             f"task={task.value} needs architecture=ring, not {arch.name.value}",
         )
+    _device("device", cfg.device)
+    if isinstance(arch, UShapeConfig) and arch.worker_device is not None:
+        _device("architecture.worker_device", arch.worker_device)
+
+
+def _device(key: str, value: str) -> None:
     _require(
-        cfg.device == "cpu" or cfg.device.startswith("cuda"),
-        f"device={cfg.device!r} must be cpu, cuda or cuda:N",
+        value == "cpu" or re.fullmatch(r"cuda(:\d+)?", value) is not None,
+        f"{key}={value!r} must be cpu, cuda or cuda:N",
     )

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from splitlab.config.schema import SPIN_US
 from splitlab.control.messages import BarrierMessage, frame_meta, from_frame
 from splitlab.errors import ConfigError, ProtocolError
 from splitlab.telemetry.trace import Tracer
@@ -33,7 +34,6 @@ from splitlab.wire.base import Channel, Transport
 from splitlab.wire.delay import DelayLine
 from splitlab.wire.frame import FrameHeader, Lane
 from splitlab.wire.session_key import session_key
-from splitlab.wire.spin import SPIN_US
 from splitlab.wire.tcp import TcpTransport
 
 

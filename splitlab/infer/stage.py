@@ -35,6 +35,7 @@ import torch
 
 from splitlab.config.enums import DType, LoaderKind, ModelSource
 from splitlab.config.schema import (
+    SPIN_US,
     Config,
     DriftConfig,
     InferTaskConfig,
@@ -65,7 +66,6 @@ from splitlab.telemetry.trace import Tracer
 from splitlab.testbed.placement import node_delay_line
 from splitlab.testbed.topology import Topology, topology_from_config
 from splitlab.wire.delay import DelayLine
-from splitlab.wire.spin import SPIN_US
 
 log = logging.getLogger("splitlab.infer.stage")
 
@@ -163,7 +163,8 @@ def stage_run(
     testbed = topology_from_config(cfg.testbed) if cfg.testbed.hosts else None
     return StageRun(
         stage=stage, ring=ring, model_folder=None if echo else model_folder(cfg.model, run_dir),
-        num_layers=cfg.model.num_layers, dtype=cfg.model.dtype, device=cfg.device,
+        num_layers=cfg.model.num_layers, dtype=cfg.model.dtype,
+        device=ring.stage_devices[stage] if ring.stage_devices else cfg.device,
         session=session, run_dir=run_dir, bind=bind or ring.peer_hosts[stage], generation=task,
         tokenizer=tokenizer_ref(cfg.model), planner=cfg.planner, drift=drift, testbed=testbed,
         ctrl_fault=ctrl_fault, spin_us=cfg.transport.spin_us,

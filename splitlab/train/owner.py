@@ -41,7 +41,7 @@ from splitlab.telemetry.records import (
     WindowProfileRecord,
     WrrRecord,
 )
-from splitlab.train.nodes import Batch, OwnerNode, clip_and_step
+from splitlab.train.nodes import Batch, OwnerNode, clip_and_step, device_of
 from splitlab.train.objective import loss_scale, num_targets
 from splitlab.train.phases import PhaseTimes
 from splitlab.train.protocol import (
@@ -54,7 +54,7 @@ from splitlab.train.protocol import (
     Watchdog,
     abort_peers,
     explain_peer_loss,
-    owned,
+    owned_on,
     try_recv,
 )
 from splitlab.train.window import InflightLedger, next_dispatch, planned_counts
@@ -179,6 +179,7 @@ class OwnerScheduler:
         done, losses = 0, []
         sends = InFlight(transport, timeout_s=timeout_s)  # out while the next microbatch computes
         watchdog = Watchdog(self.control, timeout_s=timeout_s, what=f"running window {window_id}")
+        device = device_of(self.node.front)  # received tensors go straight there
 
         def routing(microbatch: int) -> Routing:
             return Routing(session=self.control.session, window=window_id, microbatch=microbatch)
@@ -191,7 +192,7 @@ class OwnerScheduler:
                 with msg:
                     kind = FRONT_BACKWARD if lane is Lane.GRADIENT else TAIL_FORWARD
                     self._check(msg, kind, window_id, ledger)
-                    return msg, {name: owned(msg, name) for name in msg.tensors}
+                    return msg, owned_on(msg, transport, device)
 
         def front_backward(msg: Message, grad: dict[str, torch.Tensor]) -> None:
             microbatch = msg.routing.microbatch

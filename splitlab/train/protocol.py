@@ -54,6 +54,18 @@ def owned(msg: Message, name: str) -> torch.Tensor:
     return msg.tensors[name].clone()
 
 
+def owned_on(msg: Message, transport: Transport, device: torch.device) -> dict[str, torch.Tensor]:
+    """Every tensor of a received frame, kept past its release, on the `device` it is used on.
+
+    On CUDA the pooled host buffers are copied straight to the device on the transport's
+    receive stream (`to_device`; the compute stream waits for the copy, and the release waits
+    for it before a buffer is reused), with no host clone in between; elsewhere, cloned.
+    """
+    if device.type != "cuda":
+        return {name: t.clone() for name, t in msg.tensors.items()}
+    return transport.to_device(msg, device)
+
+
 class Watchdog:
     """Bounds a scheduler loop: raises on an ABORT from the bus or `timeout_s` without progress."""
 

@@ -36,7 +36,7 @@ from splitlab.train.nodes import (
     pick,
     widened,
 )
-from splitlab.train.protocol import IDLE_WAIT_S, owned, try_recv
+from splitlab.train.protocol import IDLE_WAIT_S, owned_on, try_recv
 from splitlab.train.protocol import PAD_MASK as WIRE_PAD_MASK
 from splitlab.train.validate import Metrics, evaluate
 from splitlab.wire.base import Transport
@@ -73,7 +73,7 @@ def validate_owner(
                 raise ProtocolError(
                     f"{msg.kind} #{msg.routing.microbatch} from {worker!r}, expected {VAL_RETURN} #{index}"
                 )
-            returned = {name: owned(msg, name) for name in msg.tensors}
+            returned = owned_on(msg, transport, device_of(node.tail))
         with torch.no_grad(), autocast(node.compute_dtype, device_of(node.tail)):
             out = node.tail(part_input(node.tail, returned, worker), pad_mask, positions)
         return out.float()
@@ -99,7 +99,7 @@ def serve_validation(node: WorkerNode, transport: Transport, wait_s: float = IDL
     with msg:
         if msg.kind != VAL_FORWARD:
             raise ProtocolError(f"{msg.kind} from {msg.peer!r} outside a window")
-        received = {name: owned(msg, name) for name in msg.tensors}
+        received = owned_on(msg, transport, device_of(node.body))
         routing = msg.routing
     pad_mask = received.pop(WIRE_PAD_MASK)
     mode = node.body.training

@@ -128,6 +128,14 @@ def check_finetune(cfg: Config) -> tuple[FinetuneTaskConfig, UShapeConfig | TwoS
     return task, arch
 
 
+def role_device(cfg: Config, role: str) -> str:
+    """The device a role computes on: `architecture.worker_device` for workers where set."""
+    arch = cfg.architecture
+    if role == "worker" and isinstance(arch, UShapeConfig) and arch.worker_device is not None:
+        return arch.worker_device
+    return cfg.device
+
+
 def role_names(cfg: Config) -> dict[str, list[str]]:
     """role -> node names, in rank order."""
     _, arch = check_finetune(cfg)
@@ -179,7 +187,8 @@ def train_role(
         coordinator=None if fixture.no_coordinator else COORDINATOR,
         model=cfg.model, arch=arch, finetune=cfg.finetune, task=task,
         data=cfg.data if own_data else None, transport=cfg.transport, control=cfg.control,
-        control_address=control_address, testbed=cfg.testbed, device=cfg.device, compute_weight=compute_weight,
+        control_address=control_address, testbed=cfg.testbed, device=role_device(cfg, role),
+        compute_weight=compute_weight,
         num_windows=fixture.num_windows or windows, quota=quota, timeout_s=timeout_s,
         trace_dir=run_dir / "traces",
         checkpoint_dir=checkpoint_dir(cfg, run_dir) if task.save_checkpoint else None,

@@ -27,7 +27,7 @@ from splitlab.control.endpoint import ControlEndpoint
 from splitlab.control.messages import Commit, Drained, Kind, Open, Plan
 from splitlab.errors import ProtocolError
 from splitlab.telemetry.records import CommitRecord, Emit, OpenRecord, WindowProfileRecord
-from splitlab.train.nodes import WorkerNode, clip_and_step
+from splitlab.train.nodes import WorkerNode, clip_and_step, device_of
 from splitlab.train.owner import SchedulerSettings
 from splitlab.train.phases import PhaseTimes
 from splitlab.train.protocol import (
@@ -40,7 +40,7 @@ from splitlab.train.protocol import (
     Watchdog,
     abort_peers,
     explain_peer_loss,
-    owned,
+    owned_on,
     try_recv,
 )
 from splitlab.train.ready import ReadyQueues, Work
@@ -144,6 +144,7 @@ class WorkerScheduler:
         arrived = dict.fromkeys(self.owners, 0)
         done, total = 0, sum(expected.values())
         watchdog = Watchdog(self.control, timeout_s=timeout_s, what=f"serving window {window_id}")
+        device = device_of(self.node.body)  # received tensors go straight there
 
         def routing(microbatch: int) -> Routing:
             return Routing(session=self.control.session, window=window_id, microbatch=microbatch)
@@ -162,7 +163,7 @@ class WorkerScheduler:
                     microbatch = self._check(
                         msg, BODY_BACKWARD if returning else BODY_FORWARD, window_id
                     )
-                    tensors = {name: owned(msg, name) for name in msg.tensors}
+                    tensors = owned_on(msg, transport, device)
             if not returning:
                 arrived[msg.peer] += 1
                 if arrived[msg.peer] > expected[msg.peer]:

@@ -152,6 +152,11 @@ class Transport(ABC):
     def close(self) -> None:
         """Stop threads and close connections (idempotent)."""
 
+    def to_device(self, msg: Message, device: torch.device | str) -> dict[str, torch.Tensor]:
+        """A message's tensors copied to `device`, kept past its release (the TCP transport
+        copies to CUDA on a receive stream; this copies in the caller's stream)."""
+        return {name: t.to(device, copy=True) for name, t in msg.tensors.items()}
+
     def channel(
         self, peer_id: str, lane: Lane = Lane.ACTIVATION, *, timeout_s: float = DEFAULT_TIMEOUT_S
     ) -> Channel:

@@ -54,6 +54,9 @@ REFUSED = [
     (["data=gsm_symbolic"], ["model=minilm", "data.task=causal_lm"]),
     (["data=emotion"], ["num_labels=2", "6 classes"]),
     (["finetune.lr=0"], ["finetune.lr=0"]),
+    (["task=infer", "architecture.stage_devices=[cpu,cuda]"], ["stage_devices", "3 stages"]),
+    (["task=infer", "architecture.stage_devices=[cpu,gpu,cpu]"], ["stage_devices[1]='gpu'"]),
+    (["architecture.worker_device=tpu"], ["architecture.worker_device='tpu'"]),
     (["finetune.batch_size=0"], ["finetune.batch_size=0"]),
     (["data.alpha=0"], ["data.alpha=0"]),
     (

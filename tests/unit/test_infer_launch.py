@@ -46,11 +46,14 @@ def test_a_stage_reads_its_address_port_and_timeouts_from_the_config(tmp_path: P
         "task=infer", "model=tiny_llama", "architecture.peer_hosts=[127.0.0.1,127.0.0.2,127.0.0.3]",
         "architecture.base_port=29500", "architecture.data_timeout_s=7",
         "architecture.connect_timeout_s=9", "task.prompt_ids=[1,2]",
+        "architecture.stage_devices=[cpu,cpu,cuda:1]", "transport.spin_us=50",
     ])  # fmt: skip
     run = stage_run(cfg, 2, session="s", run_dir=tmp_path, echo=True)
     assert (run.bind, run.ring.base_port, run.ring.cuts) == ("127.0.0.3", 29500, [2, 3])
     assert (run.ring.data_timeout_s, run.ring.connect_timeout_s) == (7.0, 9.0)
     assert run.generation.prompt_ids == [1, 2]
+    assert (run.device, run.spin_us) == ("cuda:1", 50.0)
+    assert stage_run(cfg, 1, session="s", run_dir=tmp_path, echo=True).device == "cpu"
 
 
 def test_a_stage_without_the_rings_ports_is_refused_naming_the_key(tmp_path: Path) -> None:

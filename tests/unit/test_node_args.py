@@ -71,6 +71,13 @@ def test_a_training_role_takes_every_setting_from_the_config(tmp_path: Path) -> 
     assert coordinator.checkpoint_dir == tmp_path / "checkpoints"
 
 
+def test_worker_device_places_the_workers_only(tmp_path: Path) -> None:
+    cfg = compose_config([*TINY, "architecture.worker_device=cuda:1"])
+    assert train_role(cfg, "worker", 0, session="s", run_dir=tmp_path).device == "cuda:1"
+    for role in ("owner", "coordinator"):
+        assert train_role(cfg, role, 0, session="s", run_dir=tmp_path).device == "cpu"
+
+
 def test_a_fixture_replaces_the_owners_data(tmp_path: Path) -> None:
     cfg = compose_config(TINY)
     fixture = Fixture(batches_path=tmp_path / "b.safetensors", no_coordinator=True, num_windows=1)
