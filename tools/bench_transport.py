@@ -137,13 +137,16 @@ class _RawSender:
 
 def _recv_exact(sock: socket.socket, view: memoryview, spin_s: float) -> None:
     """Fill `view`; the first bytes are looked for without sleeping for `spin_s` (the TCP
-    transport's receive policy, so the raw ceiling is measured under the same one)."""
+    transport's receive policy, so the raw ceiling is measured under the same one), the rest
+    waited for whole (MSG_WAITALL, as the transport reads a payload: one call, not one per
+    arriving segment, so raw stays the ceiling for large frames)."""
     got, n = 0, len(view)
     spin_until = time.monotonic() + spin_s
     while got < n:
         spinning = got == 0 and time.monotonic() < spin_until
         try:
-            k = sock.recv_into(view[got:], n - got, socket.MSG_DONTWAIT if spinning else 0)
+            flags = socket.MSG_DONTWAIT if spinning else socket.MSG_WAITALL
+            k = sock.recv_into(view[got:], n - got, flags)
         except BlockingIOError:
             continue
         if not k:

@@ -204,3 +204,14 @@ def test_check_equivalence_refuses_cuts_past_the_folder_before_the_reference(
     assert done.returncode == ExitCode.CONFIG, done.stderr[-2000:]
     assert "architecture.cuts[1]=3 out of range [1, 2] for model.num_layers=3" in done.stderr
     assert not run_dir.exists()
+
+
+def test_check_equivalence_names_an_override_hydra_cannot_merge(tmp_path: Path) -> None:
+    tool = Path(__file__).resolve().parents[2] / "tools" / "check_equivalence.py"
+    done = subprocess.run(
+        [sys.executable, str(tool), "model.dtype=float32", "--run-dir", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == ExitCode.CONFIG, done.stderr[-2000:]
+    assert "config error" in done.stderr and "model.dtype=float32" in done.stderr
+    assert "Traceback" not in done.stderr
