@@ -48,7 +48,13 @@ from splitlab.testbed.pair import CONTROL_FD_FLAG  # noqa: E402
 from splitlab.testbed.topology import Topology, delay_line_for  # noqa: E402
 from splitlab.wire.base import SENT, SendTicket  # noqa: E402
 from splitlab.wire.delay import DelayLine  # noqa: E402
-from splitlab.wire.frame import Lane  # noqa: E402
+from splitlab.wire.frame import Lane, TensorSpec  # noqa: E402
+from splitlab.wire.header import (  # noqa: E402
+    Routing,
+    encode_binary_header,
+    encode_header,
+    parse_header,
+)
 from splitlab.wire.tcp import TcpTransport  # noqa: E402
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -356,6 +362,39 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.exit_code)
 
 
+def header_cold_us(samples: int) -> dict[str, float]:
+    """Median microseconds to encode and to parse a ring hidden state's header (float32
+    [1, 1, 576], meta step and pos) in each form, each call right after streaming 128 MiB
+    through the caches (as a stage's compute streams its weights before it sends and after
+    it receives): the per-frame cost that cold caches multiply."""
+    sweep = torch.zeros(32 << 20)  # 128 MiB of float32
+    routing, specs = (
+        Routing(session=SESSION, stage=1),
+        [TensorSpec("h", "float32", (1, 1, 576), 2304)],
+    )
+    meta = {"step": 7, "pos": 49}
+    binary = encode_binary_header("hidden", LANE, routing, "stage-0", 0, meta, specs)
+    text = encode_header("hidden", LANE, routing, "stage-0", 0, meta, specs)
+    assert binary is not None and parse_header(binary[4:]) == parse_header(text[4:])
+    calls = {
+        "json_encode": lambda: encode_header("hidden", LANE, routing, "stage-0", 0, meta, specs),
+        "json_parse": lambda: parse_header(text[4:]),
+        "binary_encode": lambda: encode_binary_header(
+            "hidden", LANE, routing, "stage-0", 0, meta, specs
+        ),  # fmt: skip
+        "binary_parse": lambda: parse_header(binary[4:]),
+        "nothing": lambda: None,  # the timer and a call on cold caches
+    }
+    times: dict[str, list[float]] = {k: [] for k in calls}
+    for _ in range(samples):
+        for name, call in calls.items():
+            sweep.add_(1.0)
+            t0 = time.perf_counter()
+            call()
+            times[name].append((time.perf_counter() - t0) * 1e6)
+    return {name: median(v) for name, v in times.items()}
+
+
 def _run(args: argparse.Namespace) -> int:
     """One side of a testbed run (--side), or the whole loopback run."""
     reps = args.reps or (3 if args.quick else 7)
@@ -456,6 +495,15 @@ def _run(args: argparse.Namespace) -> int:
         )
         if link.bytes_per_s > 0:
             _add_shaped_rate(report, tput, sizes, methods, link.bytes_per_s)
+        cold = header_cold_us(20 if args.quick else 60)
+        report.add_result(header_cold_us=cold)
+        report.add_ratio(
+            "binary_vs_json_header_cold",
+            (cold["binary_encode"] + cold["binary_parse"])
+            / (cold["json_encode"] + cold["json_parse"]),
+        )
+        print("header on cold caches (us): " + ", ".join(f"{k} {v:.1f}" for k, v in cold.items()),
+              file=sys.stderr)  # fmt: skip
         report.config["tcp_counters"] = client.tcp.counters()
         report.write(args.out)
         pipe.send(None)

@@ -1,10 +1,10 @@
-"""Frame codec: `u32 big-endian header length | UTF-8 JSON header (<= 16 KiB) | tensor bytes`.
+"""Frame codec: `u32 big-endian header length | header (<= 16 KiB) | tensor bytes`.
 
 One codec for every channel (TCP lanes, in-process, tensor-over-AMQP, handshakes). Tensors of
 any allowed dtype, bfloat16 included, travel as their raw bytes: encoding takes memoryviews of
 the tensor storage (a non-contiguous tensor is made contiguous once) and decoding `recv_into`s
 pooled buffers and returns typed views of them. The decoder validates everything it reads
-(header size, JSON shape, dtype allow-list, rank 1..8, dimensions, byte counts, total size
+(header size and form, JSON or binary (`header.py`), dtype allow-list, rank 1..8, dimensions, byte counts, total size
 before any allocation, finiteness when asked) and raises a `FrameError` naming field and value.
 
     .venv/bin/pytest tests/unit/test_wire_frame.py -q
@@ -33,6 +33,7 @@ from splitlab.wire.header import (
     RecvInto,
     Routing,
     TensorSpec,
+    encode_binary_header,
     encode_header,
     parse_header,
     read_header,
@@ -102,7 +103,9 @@ def encode_parts(kind: str, lane: Lane, routing: Routing, src: str | None, prior
                  tensors: Mapping[str, torch.Tensor]) -> list[memoryview]:  # fmt: skip
     """Prefix+header bytes followed by one zero-copy byte view per tensor (CPU tensors only)."""
     specs, views = tensor_views(tensors)
-    head = encode_header(kind, lane, routing, src, priority, meta, specs)
+    head = encode_binary_header(kind, lane, routing, src, priority, meta, specs)
+    if head is None:
+        head = encode_header(kind, lane, routing, src, priority, meta, specs)
     return [memoryview(head), *views]
 
 

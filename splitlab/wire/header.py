@@ -1,16 +1,29 @@
-"""The JSON frame header: its types, a template encoder and a one-pass validating parser.
+"""The frame header in its two forms, JSON and binary: types, encoders and validating parsers.
 
-Every frame carries `u32 big-endian length | UTF-8 JSON header (<= 16 KiB)` before its tensor
-bytes. The header is one JSON object: `v` (protocol version), `kind`, `lane`, `src`, `prio`,
-`ids` (routing), `meta` (free JSON) and `tensors`, a list of `{name, dtype, shape, bytes}`.
-Encoding fills a fixed template (string fields escaped by the json C helpers, `meta` and the
-routing ids through one reusable encoder), so a frame costs no dict building; parsing checks
-every field (version, kind, lane, src, ids, meta, dtype allow-list, rank 1..8, dimensions,
-byte counts, total size before any allocation) in one pass and raises a `FrameError` naming the
-field and value. The template and the parser are two views of one schema: the round-trip and
-fuzz tests in test_wire_frame.py hold them together. `read_header` reads one header from a
-stream. Nothing here imports torch (the control plane reads these frames too); the torch dtype
-table lives in `frame.py`.
+Every frame carries `u32 big-endian length | header (<= 16 KiB)` before its tensor bytes. The
+header's fields are `v` (protocol version), `kind`, `lane`, `src`, `prio`, `ids` (routing),
+`meta` and `tensors`, a list of `{name, dtype, shape, bytes}`, in one of two forms told apart
+by the first byte:
+
+- JSON (`{`): one JSON object, `meta` free JSON. Encoding fills a fixed template (string
+  fields escaped by the json C helpers, `meta` and the routing ids through one reusable
+  encoder), so a frame costs no dict building.
+- binary (`0xB1`, what a data-lane frame whose `meta` values are all integers travels with:
+  the ring's hidden states, training's activations and gradients): `0xB1 | u16 n | n static
+  bytes | one i64 per meta key`. The static bytes hold everything but the meta values (lane,
+  prio, kind, src, ids, the meta keys, each tensor's name, dtype and shape, strings as `u8
+  length | UTF-8`); they repeat from frame to frame, so both ends cache them (bounded) and a
+  frame costs one lookup and one pack or unpack of its integers, no JSON. JSON costs ~70 us a
+  frame on cold caches (a ring stage sends right after its compute has streamed its weights
+  through the caches), struct ~15 us (tools/bench_transport.py, `header_cold_us`).
+
+Parsing checks every field (version, kind, lane, src, ids, meta, dtype allow-list, rank 1..8,
+dimensions, byte counts, total size before any allocation) and raises a `FrameError` naming
+the field and value; a binary header's static bytes are parsed into the JSON form's object
+and validated by the same code, once per distinct static part. The encoders and the parser
+are views of one schema: the round-trip and fuzz tests in test_wire_frame.py hold them
+together. `read_header` reads one header from a stream. Nothing here imports torch (the control
+plane reads these frames too); the torch dtype table lives in `frame.py`.
 
     .venv/bin/pytest tests/unit/test_wire_frame.py -q
 """
@@ -219,7 +232,9 @@ def read_header(
 
 def parse_header(text: bytes | bytearray | memoryview, *,
                  max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> FrameHeader:  # fmt: skip
-    """Decode and validate the JSON header bytes (without the length prefix)."""
+    """Decode and validate the header bytes (without the length prefix), either form."""
+    if text and text[0] == BINARY_MAGIC:
+        return _parse_binary(text, max_frame_bytes)
     try:
         s = str(text, "utf-8")
         try:  # the C scanner directly; json.loads handles (and words) everything else
@@ -332,3 +347,229 @@ def _tensor_specs(items: Any, max_frame_bytes: int) -> tuple[TensorSpec, ...]:
         names.add(name)
         specs.append(TensorSpec(name, dtype, tuple(shape), expected))
     return tuple(specs)
+
+
+# --- the binary form (see the module docstring) ------------------------------------------------
+
+BINARY_MAGIC = 0xB1  # a binary header's first byte; a JSON one starts with `{` (0x7B)
+_BIN_START = struct.Struct(">BH")  # magic, length of the static bytes
+_U8, _U16 = struct.Struct(">B"), struct.Struct(">H")
+_I64S, _U64 = struct.Struct(">q"), struct.Struct(">Q")
+_LANE_ORDER = tuple(Lane)
+_LANE_CODE = {lane: i for i, lane in enumerate(_LANE_ORDER)}
+_DTYPE_ORDER = tuple(DTYPE_ITEMSIZE)
+_DTYPE_CODE = {name: i for i, name in enumerate(_DTYPE_ORDER)}
+_NULL = 0xFF  # a null string (src)
+_MAX_CACHED = 256
+_UNCAPPED = float("inf")  # a cached static part is valid for any cap: each parse checks its own
+
+
+class _Static(NamedTuple):
+    """A parsed static part: the header without routing and meta, and how to read the rest."""
+
+    header: FrameHeader
+    session: str | None
+    id_names: tuple[str, ...]  # the integer routing ids present, in ROUTING_IDS order
+    keys: tuple[str, ...]  # the meta keys
+    values: struct.Struct  # one i64 per integer id, then one per meta key
+    payload: int  # the tensors' bytes
+
+
+# (kind, lane, session, integer id names, src, prio, meta keys, specs) -> (u32 prefix + start +
+# static bytes, values) or None (the JSON form carries it); static bytes -> _Static
+_ENCODED: dict[tuple[Any, ...], tuple[bytes, struct.Struct] | None] = {}
+_PARSED: dict[bytes, _Static] = {}
+# (session, integer id names, their values) -> Routing
+_BIN_ROUTINGS: dict[tuple[Any, ...], Routing] = {}
+
+
+class _Unfit(Exception):
+    """A field the binary form cannot carry (the JSON form carries the frame)."""
+
+
+def encode_binary_header(kind: str, lane: Lane, routing: Routing, src: str | None,
+                         priority: int, meta: dict[str, Any] | None,
+                         specs: list[TensorSpec]) -> bytes | None:  # fmt: skip
+    """`u32 length | binary header` for these fields, or None where the JSON form must carry
+    them: the control lane (control messages stay JSON), a meta value that is not an integer
+    in i64 (bool included), a string over 254 UTF-8 bytes."""
+    session, names, ints = _binary_ids(routing)
+    if names is None:
+        return None
+    if meta:
+        for v in meta.values():
+            if type(v) is not int or not _I64[0] <= v <= _I64[1]:
+                return None
+        keys: tuple[str, ...] = tuple(meta)
+        ints = (*ints, *meta.values())
+    else:
+        keys = ()
+    key = (kind, lane, session, names, src, priority, keys, tuple(specs))
+    try:
+        cached = _ENCODED[key]
+    except KeyError:
+        if len(_ENCODED) >= _MAX_CACHED:
+            _ENCODED.clear()
+        cached = _ENCODED[key] = _encode_static(key, len(ints))
+    except TypeError:  # an unhashable field: the JSON form words what is wrong with it
+        return None
+    if cached is None:
+        return None
+    head, values = cached
+    return head + values.pack(*ints) if ints else head
+
+
+def _binary_ids(routing: Routing) -> tuple[Any, tuple[str, ...] | None, tuple[int, ...]]:
+    """(session, the integer ids present, their values) of a routing, computed once per
+    Routing (senders reuse theirs); names None where an id is not an integer in i64 (the
+    JSON form's parser words what is wrong with it)."""
+    got = routing.__dict__.get("_binary_ids")
+    if got is None:
+        ids = routing.to_dict()
+        session = ids.pop("session", None)
+        ints = tuple(ids.values())
+        fit = all(type(v) is int and _I64[0] <= v <= _I64[1] for v in ints)
+        got = routing.__dict__["_binary_ids"] = (session, tuple(ids) if fit else None, ints)
+    return got
+
+
+def _encode_static(key: tuple[Any, ...], num_ints: int) -> tuple[bytes, struct.Struct] | None:
+    kind, lane, session, names, src, priority, keys, specs = key
+    code = _LANE_CODE.get(lane)
+    if code is None or lane is Lane.CONTROL or type(priority) is not int:
+        return None
+    try:
+        parts = [_U8.pack(code), _I64S.pack(priority), _str8(kind),
+                 b"\xff" if src is None else _str8(src)]  # fmt: skip
+        present = set(names) | ({"session"} if session is not None else set())
+        parts.append(_U8.pack(sum(1 << i for i, name in enumerate(ROUTING_IDS) if name in present)))
+        if session is not None:
+            parts.append(_str8(session))
+        parts.append(_U8.pack(len(keys)))
+        parts += [_str8(k) for k in keys]
+        parts.append(_U8.pack(len(specs)))
+        for s in specs:
+            parts += [_str8(s.name), _U8.pack(_DTYPE_CODE[s.dtype]), _U8.pack(len(s.shape))]
+            parts += [_U64.pack(d) for d in s.shape]
+    except (_Unfit, KeyError, TypeError, struct.error):
+        return None
+    static = b"".join(parts)
+    values = struct.Struct(f">{num_ints}q")
+    size = _BIN_START.size + len(static) + values.size
+    if len(static) > 0xFFFF or size > MAX_HEADER_BYTES:
+        return None
+    return PREFIX.pack(size) + _BIN_START.pack(BINARY_MAGIC, len(static)) + static, values
+
+
+def _str8(text: Any) -> bytes:
+    if type(text) is not str:
+        raise _Unfit
+    b = text.encode()
+    if len(b) >= _NULL:
+        raise _Unfit
+    return _U8.pack(len(b)) + b
+
+
+def _parse_binary(text: bytes | bytearray | memoryview, max_frame_bytes: int) -> FrameHeader:
+    n = len(text)
+    if n < _BIN_START.size:
+        raise FrameError("header_bytes", n, "a binary header starts with 3 bytes")
+    (size,) = _U16.unpack_from(text, 1)
+    end = _BIN_START.size + size
+    if end > n:
+        raise FrameError("header_bytes", n, f"the binary header announces {size} static bytes")
+    static = bytes(text[_BIN_START.size : end])
+    st = _PARSED.get(static)
+    if st is None:
+        st = _parse_static(static)
+        if len(_PARSED) >= _MAX_CACHED:
+            _PARSED.clear()
+        _PARSED[static] = st
+    if n - end != st.values.size:
+        raise FrameError("meta", n - end,
+                         f"{len(st.id_names) + len(st.keys)} integer values take {st.values.size} bytes")  # fmt: skip
+    if st.payload > max_frame_bytes:
+        raise FrameError(
+            "tensors", st.payload, f"frame payload over max_frame_bytes={max_frame_bytes}"
+        )
+    h = st.header
+    ints = st.values.unpack_from(text, end)
+    num_ids = len(st.id_names)
+    routing = h.routing
+    if num_ids:
+        rkey = (st.session, st.id_names, ints[:num_ids])
+        routing = _BIN_ROUTINGS.get(rkey)
+        if routing is None:
+            if len(_BIN_ROUTINGS) >= _MAX_ROUTINGS:
+                _BIN_ROUTINGS.clear()
+            ids = dict(zip(st.id_names, rkey[2], strict=True))
+            if st.session is not None:
+                ids["session"] = st.session
+            routing = _BIN_ROUTINGS[rkey] = _routing(ids)
+    meta = dict(zip(st.keys, ints[num_ids:], strict=True)) if st.keys else {}
+    return FrameHeader(h.kind, h.lane, routing, h.src, h.priority, meta, h.tensors)
+
+
+def _parse_static(static: bytes) -> _Static:
+    """The static bytes as the JSON form's object, validated by `_validate` (the one schema)."""
+    at = 0
+
+    def take(fmt: struct.Struct, what: str) -> Any:
+        nonlocal at
+        if at + fmt.size > len(static):
+            raise FrameError("header", what, "the binary header ends inside this field")
+        (v,) = fmt.unpack_from(static, at)
+        at += fmt.size
+        return v
+
+    def text(what: str, *, nullable: bool = False) -> str | None:
+        nonlocal at
+        size = take(_U8, what)
+        if size == _NULL and nullable:
+            return None
+        if at + size > len(static):
+            raise FrameError("header", what, "the binary header ends inside this field")
+        try:
+            out = static[at : at + size].decode()
+        except UnicodeDecodeError:
+            raise FrameError(what, static[at : at + size][:40], "not valid UTF-8") from None
+        at += size
+        return out
+
+    lane = take(_U8, "lane")
+    if lane >= len(_LANE_ORDER):
+        raise FrameError("lane", lane, f"binary lane code must be 0..{len(_LANE_ORDER) - 1}")
+    d: dict[str, Any] = {"v": PROTOCOL_VERSION, "lane": _LANE_ORDER[lane].value}
+    d["prio"] = take(_I64S, "prio")
+    d["kind"] = text("kind")
+    d["src"] = text("src", nullable=True)
+    mask = take(_U8, "ids")
+    if mask >> len(ROUTING_IDS):
+        raise FrameError("ids", mask, f"binary routing mask has bits past {len(ROUTING_IDS)} ids")
+    session = text("ids.session") if mask & 1 else None
+    id_names = tuple(name for i, name in enumerate(ROUTING_IDS) if i and mask >> i & 1)
+    d["ids"] = {} if session is None else {"session": session}  # the integers come per frame
+    keys = tuple(text("meta") for _ in range(take(_U8, "meta")))
+    if len(set(keys)) != len(keys):
+        raise FrameError("meta", list(keys), "duplicate meta key")
+    d["meta"] = {}
+    tensors = []
+    for i in range(take(_U8, "tensors")):
+        name = text(f"tensors[{i}].name")
+        dtype = take(_U8, f"tensors[{i}].dtype")
+        if dtype >= len(_DTYPE_ORDER):
+            raise FrameError(f"tensors[{i}].dtype", dtype,
+                             f"binary dtype code must be 0..{len(_DTYPE_ORDER) - 1}")  # fmt: skip
+        shape = [take(_U64, f"tensors[{i}].shape") for _ in range(take(_U8, f"tensors[{i}]"))]
+        nbytes = DTYPE_ITEMSIZE[_DTYPE_ORDER[dtype]]
+        for dim in shape:
+            nbytes *= dim
+        tensors.append({"name": name, "dtype": _DTYPE_ORDER[dtype], "shape": shape,
+                        "bytes": nbytes})  # fmt: skip
+    d["tensors"] = tensors
+    if at != len(static):
+        raise FrameError("header_bytes", len(static) - at, "trailing bytes in the binary header")
+    header = _validate(d, _UNCAPPED)  # type: ignore[arg-type]
+    values = struct.Struct(f">{len(id_names) + len(keys)}q")
+    payload = sum(s.nbytes for s in header.tensors)
+    return _Static(header, session, id_names, keys, values, payload)

@@ -24,6 +24,13 @@ from splitlab.wire.frame import (
     encode_frame,
     frame_bytes,
 )
+from splitlab.wire.header import (
+    BINARY_MAGIC,
+    TensorSpec,
+    encode_binary_header,
+    encode_header,
+    parse_header,
+)
 from splitlab.wire.pool import BufferPool
 
 FUZZ_MAX_FRAME_BYTES = 1 << 16
@@ -256,3 +263,153 @@ def test_fuzz_truncated_and_corrupted_frames(
     for pos, byte in flips:
         data[pos % len(data)] = byte
     _decode_or_frame_error(bytes(data[: cut % (len(data) + 1)]))
+
+
+# ---- the binary header form: data-lane frames whose meta is integers ----
+
+
+def _binary_start(frame: bytes) -> int:
+    return frame[4]
+
+
+def test_integer_meta_on_a_data_lane_travels_binary_and_decodes_as_the_json_form() -> None:
+    ids = Routing(session="s1", window=3, microbatch=7, owner=0, worker=2, token=-11)
+    tensors = {"h": _sample(torch.bfloat16, (1, 3, 8)), "m": _sample(torch.bool, (2,))}
+    fields = {"lane": Lane.GRADIENT, "routing": ids, "src": "stage-0", "priority": -1,
+              "meta": {"step": 5, "pos": -(1 << 63)}}  # fmt: skip
+    data = _frame(tensors, **fields)
+    assert _binary_start(data) == BINARY_MAGIC
+    header, out, _ = decode_frame(data)
+    specs = header.tensors
+    # the JSON form of the same fields parses to the same header
+    text = encode_header("test", Lane.GRADIENT, ids, "stage-0", -1, fields["meta"], list(specs))
+    assert text[4:5] == b"{" and parse_header(text[4:]) == header
+    assert header.meta == {"step": 5, "pos": -(1 << 63)} and header.routing == ids
+    assert all(torch.equal(_bits(out[k]), _bits(t)) for k, t in tensors.items())
+    # the second frame of the same shape differs only in its integers
+    again = _frame(tensors, **(fields | {"meta": {"step": 6, "pos": 0}}))
+    assert again[: -8 * 2 - sum(t.nbytes for t in tensors.values())] == data[: -16 - 50]
+    assert decode_frame(again)[0].meta == {"step": 6, "pos": 0}
+
+
+@pytest.mark.parametrize(
+    ("lane", "meta", "src"),
+    [
+        (Lane.CONTROL, {"epoch": 1}, None),  # control messages stay JSON
+        (Lane.ACTIVATION, {"loss": 2.5}, None),
+        (Lane.ACTIVATION, {"last": True}, None),  # a bool is not an integer here
+        (Lane.ACTIVATION, {"n": 1 << 63}, None),  # outside i64
+        (Lane.ACTIVATION, {"ids": [1, 2]}, None),
+        (Lane.ACTIVATION, {}, "é" * 200),  # 200 characters, 400 UTF-8 bytes
+    ],
+)
+def test_the_json_form_carries_what_the_binary_cannot(lane: Lane, meta: dict, src: str) -> None:
+    data = _frame({"x": torch.ones(2)}, lane=lane, meta=meta, src=src)
+    assert data[4:5] == b"{"
+    header, _, _ = decode_frame(data)
+    assert header.meta == meta and header.src == src
+
+
+def _binary_header(**fields: object) -> bytes:
+    """The header bytes (no prefix) of a binary frame with one float32 [2, 2] tensor `x`."""
+    fields = {"lane": Lane.ACTIVATION, "routing": Routing(), "src": None, "priority": 0,
+              "meta": {"step": 1}} | fields  # fmt: skip
+    head = encode_binary_header("t", fields["lane"], fields["routing"], fields["src"],  # type: ignore[arg-type]
+                                fields["priority"], fields["meta"],  # type: ignore[arg-type]
+                                [TensorSpec("x", "float32", (2, 2), 16)])  # fmt: skip
+    assert head is not None
+    return head[4:]
+
+
+def _static(header: bytes) -> tuple[int, bytes, bytes]:
+    (n,) = struct.unpack_from(">H", header, 1)
+    return n, header[3 : 3 + n], header[3 + n :]
+
+
+def _rebuilt(static: bytes, values: bytes) -> bytes:
+    return struct.pack(">BH", BINARY_MAGIC, len(static)) + static + values
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "field"),
+    [
+        (lambda s, v: (s, v[:-1]), "meta"),  # one value byte short
+        (lambda s, v: (s, v + b"\0" * 8), "meta"),  # a value too many
+        (lambda s, v: (b"\x09" + s[1:], v), "lane"),  # no lane 9
+        (lambda s, v: (s[:-1], v), "header"),  # the last dimension cut
+        (lambda s, v: (s + b"\0", v), "header_bytes"),  # trailing static bytes
+        (lambda s, v: (s[:-18] + b"\x0a" + s[-17:], v), "tensors[0].dtype"),  # no dtype 10
+        (lambda s, v: (s[:-16] + struct.pack(">QQ", 1 << 41, 1), v), "tensors[0].shape"),
+        (lambda s, v: (s[:-16] + struct.pack(">QQ", 2, 3), v), None),  # another shape: valid
+    ],
+)
+def test_a_bad_binary_header_names_its_field(corrupt: object, field: str | None) -> None:
+    _, static, values = _static(_binary_header())
+    static, values = corrupt(static, values)  # type: ignore[operator]
+    if field is None:
+        assert parse_header(_rebuilt(static, values)).tensors[0].shape == (2, 3)
+        return
+    with pytest.raises(FrameError) as err:
+        parse_header(_rebuilt(static, values))
+    assert err.value.field == field
+
+
+def test_a_binary_header_with_bad_strings_or_ids_is_refused() -> None:
+    _, static, values = _static(_binary_header(src="ab"))
+    # src "ab" sits after lane (1) + prio (8) + kind "t" (2): make it invalid UTF-8
+    bad = static[:11] + b"\x02\xff\xfe" + static[14:]
+    with pytest.raises(FrameError, match="UTF-8"):
+        parse_header(_rebuilt(bad, values))
+    # the routing mask right after src: bit 7 names no id
+    mask_at = 14
+    with pytest.raises(FrameError) as err:
+        parse_header(_rebuilt(static[:mask_at] + b"\x80" + static[mask_at + 1 :], values))
+    assert err.value.field == "ids"
+    with pytest.raises(FrameError) as err:
+        parse_header(b"\xb1\x00")
+    assert err.value.field == "header_bytes"
+
+
+def test_a_cached_binary_header_still_checks_each_callers_cap() -> None:
+    header = _binary_header(meta={"step": 2})
+    assert parse_header(header, max_frame_bytes=16).tensors[0].nbytes == 16
+    with pytest.raises(FrameError) as err:
+        parse_header(header, max_frame_bytes=15)  # the same static part, now cached
+    assert err.value.field == "tensors"
+
+
+@_FUZZ
+@given(st.binary(max_size=256))
+def test_fuzz_garbage_binary_header(static: bytes) -> None:
+    _decode_or_frame_error(_raw_frame(_rebuilt(static, b"")))
+    _decode_or_frame_error(_raw_frame(b"\xb1" + static))
+
+
+def test_binary_frames_share_their_static_part_across_routing_ids_and_meta_values() -> None:
+    """Training's frames differ by microbatch: the integers travel apart from the cached part."""
+    spec = [TensorSpec("x", "float32", (2, 2), 16)]
+    heads = [
+        encode_binary_header(
+            "act",
+            Lane.ACTIVATION,
+            Routing(session="s", window=w, microbatch=m),
+            "owner-0",
+            1,
+            {"n": m},
+            spec,
+        )  # fmt: skip
+        for w, m in [(0, 1), (3, -7)]
+    ]
+    assert heads[0] is not None and heads[1] is not None
+    size = struct.unpack_from(">H", heads[0], 5)[0]
+    assert heads[0][: 7 + size] == heads[1][: 7 + size]  # prefix, start, static part
+    a, b = (parse_header(h[4:]) for h in heads)
+    assert (b.routing, b.meta) == (Routing(session="s", window=3, microbatch=-7), {"n": -7})
+    assert a.routing == Routing(session="s", window=0, microbatch=1)
+    again = parse_header(heads[0][4:])
+    assert again == a and again.meta is not a.meta  # every frame gets its own meta dict
+    # a routing id that is not an integer (a bool here) is the JSON form's to refuse
+    assert (
+        encode_binary_header("act", Lane.ACTIVATION, Routing(window=True), None, 0, {}, spec)
+        is None
+    )
