@@ -384,7 +384,10 @@ class RingStage:
                     self.control.close("end of generation")
                     closed = True
                 else:
-                    self.control.barrier(step=step, pos=self.pos, stats=self.stats)
+                    # the next barrier comes only if generation outlasts its token: no
+                    # blocks are built ahead for a barrier that will not be held
+                    last = step + self.control.window + 1 >= gen.max_new_tokens
+                    self.control.barrier(step=step, pos=self.pos, stats=self.stats, last=last)
                     self.stats.reset()
             if done:
                 reason = "eos"

@@ -380,7 +380,9 @@ class HeadControl:
                           decision=f"fatal: {reason}", obs=None, cuts=list(self.migrator.cuts)))  # fmt: skip
         return type(exc)(reason)
 
-    def barrier(self, *, step: int, pos: int, stats: WindowStats) -> None:
+    def barrier(self, *, step: int, pos: int, stats: WindowStats, last: bool = False) -> None:
+        """One barrier at token `step`; `last`: no barrier follows (generation ends within
+        the window), so nothing is decided or built ahead for one."""
         migrator = self.migrator
         decision = self._decide(step=step, pos=pos)
         t0 = time.perf_counter()
@@ -427,7 +429,7 @@ class HeadControl:
                 self.last_obs[stage] = answer.obs
         commit_ms, aborted = 0.0, not isinstance(verdict, BarrierCommit)
         after = migrator.cuts if aborted else tuple(decision.cuts)
-        prepare = self._plan_ahead(step=step, pos=pos, cuts=after)
+        prepare = None if last else self._plan_ahead(step=step, pos=pos, cuts=after)
         self._broadcast(replace(verdict, prepare=prepare))
         if aborted:
             assert isinstance(verdict, BarrierAbort), verdict

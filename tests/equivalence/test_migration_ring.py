@@ -16,7 +16,7 @@ import torch
 from splitlab.configure import compose_config
 from splitlab.infer.compute import PartCompute
 from splitlab.infer.migration import Migrator, PrestageReport
-from splitlab.infer.planners import ForcedShift
+from splitlab.infer.planners import Decision, ForcedShift, WindowView
 from splitlab.infer.ring import GenParams
 from splitlab.launch.ring import run_ring
 from splitlab.models.plan import Span
@@ -53,6 +53,28 @@ def test_in_process_shift_keeps_every_token(
     # decided at the barrier of token 10, built while tokens 11-15 decoded
     receiver = next(r for r in moves if r["side"] == "receiver")
     assert receiver["prepared"] and receiver["prepare_ms"] > 0.0
+
+
+class _Counting:
+    """Noop that records the token of every view it is asked about."""
+
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+
+    def decide(self, view: WindowView) -> Decision:
+        self.tokens.append(view.token)
+        return Decision(view.cuts, "noop")
+
+
+def test_decisions_are_taken_for_the_barriers_held_and_none_past_the_end(tiny9, noshift) -> None:
+    planner = _Counting()
+    result, _ = local_ring(tiny9, CUTS, PROMPT, GEN, window=5, planner=planner)
+    assert result.token_ids == noshift
+    # 30 tokens, W = 5: barriers at 5..25, each decided once (token 5's at the barrier, the
+    # rest a window ahead); none for token 30, which generation never reaches
+    assert planner.tokens == [5, 10, 15, 20, 25]
 
 
 def test_nack_aborts_the_epoch_and_decoding_goes_on(tiny9, noshift) -> None:
