@@ -395,6 +395,65 @@ def header_cold_us(samples: int) -> dict[str, float]:
     return {name: median(v) for name, v in times.items()}
 
 
+def hop_cold_us(samples: int) -> dict[str, float]:
+    """Median microseconds of one ring hop's send and receive (a hidden state, float32
+    [1, 1, 576], meta step and pos), each right after streaming 128 MiB through the caches,
+    through the TCP transport and through raw `sendmsg` / `recv_into` of the same bytes plus
+    a 64-byte stand-in header; both in this process over loopback, the frame already there
+    when the receive starts. What a stage pays per hop after its compute, beyond the kernel."""
+    sweep = torch.zeros(32 << 20)
+    hidden = torch.randn(1, 1, 576)
+    a = TcpTransport("hop-a", key=KEY, session=SESSION, bind_host="127.0.0.1", pinned="off")
+    b = TcpTransport("hop-b", key=KEY, session=SESSION, bind_host="127.0.0.1", pinned="off")
+    server = socket.create_server(("127.0.0.1", 0))
+    out = socket.create_connection(server.getsockname())
+    inn, _ = server.accept()
+    try:
+        a.connect("hop-b", *b.address, timeout_s=10)
+        b.wait_connected("hop-a", [LANE], timeout_s=10)
+        send, recv = a.channel("hop-b", LANE), b.channel("hop-a", LANE)
+        out.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        parts = [b"h" * 64, memoryview(hidden.numpy()).cast("B")]
+        buf = bytearray(64 + hidden.nbytes)
+        view = memoryview(buf)
+
+        def tcp_send(step: int) -> None:
+            send.send("hidden", {"h": hidden}, meta={"step": step, "pos": step})
+
+        def tcp_recv() -> None:
+            msg = recv.recv()
+            msg.tensors["h"].sum()
+            msg.release()
+
+        def raw_send(step: int) -> None:
+            out.sendmsg(parts)
+
+        def raw_recv() -> None:
+            inn.recv_into(view, len(buf), socket.MSG_WAITALL)
+            torch.frombuffer(buf, dtype=torch.float32, offset=64).sum()
+
+        times: dict[str, list[float]] = {
+            k: [] for k in ("tcp_send", "tcp_recv", "raw_send", "raw_recv")
+        }
+        for step in range(samples):
+            for arm, sender, receiver in (("tcp", tcp_send, tcp_recv), ("raw", raw_send, raw_recv)):
+                sweep.add_(1.0)
+                t0 = time.perf_counter()
+                sender(step)
+                times[f"{arm}_send"].append((time.perf_counter() - t0) * 1e6)
+                time.sleep(0.001)
+                sweep.add_(1.0)
+                t0 = time.perf_counter()
+                receiver()
+                times[f"{arm}_recv"].append((time.perf_counter() - t0) * 1e6)
+        return {k: median(v) for k, v in times.items()}
+    finally:
+        a.close(drain_timeout_s=0)
+        b.close(drain_timeout_s=0)
+        for sock in (out, inn, server):
+            sock.close()
+
+
 def _run(args: argparse.Namespace) -> int:
     """One side of a testbed run (--side), or the whole loopback run."""
     reps = args.reps or (3 if args.quick else 7)
@@ -495,15 +554,24 @@ def _run(args: argparse.Namespace) -> int:
         )
         if link.bytes_per_s > 0:
             _add_shaped_rate(report, tput, sizes, methods, link.bytes_per_s)
-        cold = header_cold_us(20 if args.quick else 60)
-        report.add_result(header_cold_us=cold)
-        report.add_ratio(
-            "binary_vs_json_header_cold",
-            (cold["binary_encode"] + cold["binary_parse"])
-            / (cold["json_encode"] + cold["json_parse"]),
-        )
-        print("header on cold caches (us): " + ", ".join(f"{k} {v:.1f}" for k, v in cold.items()),
-              file=sys.stderr)  # fmt: skip
+        if not on_testbed:  # per-frame costs, in this process: loopback runs only
+            cold = header_cold_us(10 if args.quick else 60)
+            report.add_result(header_cold_us=cold)
+            report.add_ratio(
+                "binary_vs_json_header_cold",
+                (cold["binary_encode"] + cold["binary_parse"])
+                / (cold["json_encode"] + cold["json_parse"]),
+            )
+            print("header on cold caches (us): " + ", ".join(f"{k} {v:.1f}" for k, v in cold.items()),
+                  file=sys.stderr)  # fmt: skip
+            hop = hop_cold_us(10 if args.quick else 60)
+            report.add_result(hop_cold_us=hop)
+            report.add_ratio(
+                "tcp_vs_raw_hop_cold",
+                (hop["tcp_send"] + hop["tcp_recv"]) / (hop["raw_send"] + hop["raw_recv"]),
+            )
+            print("a ring hop on cold caches (us): " + ", ".join(f"{k} {v:.1f}" for k, v in hop.items()),
+                  file=sys.stderr)  # fmt: skip
         report.config["tcp_counters"] = client.tcp.counters()
         report.write(args.out)
         pipe.send(None)

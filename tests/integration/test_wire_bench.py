@@ -39,6 +39,11 @@ def test_bench_transport_quick_writes_report(tmp_path: Path) -> None:
         16 << 20,
     }
     assert {"tcp_vs_raw_throughput_1MiB", "tcp_vs_raw_rtt_4KiB"} <= set(report["targets"])
+    # the per-frame costs on cold caches: both header forms, a hop through both arms
+    cold = next(r["header_cold_us"] for r in report["results"] if "header_cold_us" in r)
+    hop = next(r["hop_cold_us"] for r in report["results"] if "hop_cold_us" in r)
+    assert all(v > 0 for v in [*cold.values(), *hop.values()])
+    assert {"binary_vs_json_header_cold", "tcp_vs_raw_hop_cold"} <= set(report["ratios"])
 
 
 @pytest.mark.slow
