@@ -39,7 +39,6 @@ import tempfile
 from pathlib import Path
 
 import torch
-from hydra.errors import ConfigCompositionException
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from splitlab import assets
@@ -100,9 +99,6 @@ def main(argv: list[str] | None = None) -> int:
     except SplitlabError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return int(exc.exit_code)
-    except ConfigCompositionException as exc:  # an override Hydra cannot merge (bad value)
-        print(f"config error: {exc}: {exc.__cause__}", file=sys.stderr)
-        return int(ExitCode.CONFIG)
     task = cfg.task
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="check_equivalence-"))
     folder = Path(model_ref(cfg.model, run_dir, seed=task.seed))

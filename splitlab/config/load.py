@@ -17,6 +17,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.config_store import ConfigStore
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
 from splitlab.config.schema import GROUP_SCHEMAS, Config
@@ -93,7 +94,13 @@ def compose_config(overrides: Sequence[str] = ()) -> Config:
     """
     register_configs()
     with hydra.initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        dcfg = hydra.compose(config_name="config", overrides=list(overrides))
+        try:
+            dcfg = hydra.compose(config_name="config", overrides=list(overrides))
+        except HydraException as exc:  # an override it cannot parse or merge: say which
+            cause = f": {exc.__cause__}" if exc.__cause__ is not None else ""
+            raise ConfigError(
+                f"cannot compose the config from {list(overrides)}: {exc}{cause}"
+            ) from exc
     return to_config(dcfg)
 
 
