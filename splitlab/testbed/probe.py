@@ -4,8 +4,12 @@ Each host's link is probed against the root namespace, which sits behind the uns
 of the switch: `up` sends from a thread inside the host's namespace to a listener in the root
 namespace, `down` the other way, each for `probe_s` seconds; the receiver counts the bytes
 that arrive after a short warm-up (which the token bucket's initial burst would inflate).
-Throughput is TCP goodput, so it reads a few percent under the nominal rate (headers).
-`judge` refuses a testbed whose probed rate is further from nominal than the tolerance.
+Throughput is TCP goodput, which cannot exceed `TCP_GOODPUT` of the shaped rate (the token
+bucket charges whole Ethernet frames: 1,448 payload bytes per 1,514 at MTU 1500 with TCP
+timestamps), so a direction is judged against that expected goodput: `judge` refuses a testbed
+whose probed goodput is further from it than the tolerance. (Judged against the nominal rate
+itself, a 100 Mbit/s link read 91-95.5 quiet, 88-89 with CI's load beside it: 4.5-9% of the
+10% tolerance was gone to headers before any load.)
 A direction that reads too low is probed again, up to `probe_attempts` times in all, and
 keeps the reading closest to nominal: on a loaded host the probe's own threads can be starved
 (a 20 Mbit/s link read 14.9 once in CI, 2 cores busy), which reads low on one try, while a
@@ -38,6 +42,7 @@ from splitlab.testbed.topology import Layout, Topology
 from splitlab.wire.delay import DELAY_SOURCE, DelayLine, PathDelay, sendall_through
 
 CHUNK = 256 << 10
+TCP_GOODPUT = 1448 / 1514  # payload per Ethernet frame, MTU 1500, TCP timestamps on
 RTT_ROUNDS = 20
 RTT_BYTES = 64
 
@@ -51,9 +56,14 @@ class DirectionProbe:
     attempts: int = 1
 
     @property
+    def expected_mbit(self) -> float:
+        """The goodput a link shaped at nominal carries (see the module docstring)."""
+        return self.nominal_mbit * TCP_GOODPUT
+
+    @property
     def off(self) -> float:
-        """Relative distance from nominal (0.05 = 5% off)."""
-        return abs(self.measured_mbit / self.nominal_mbit - 1.0)
+        """Relative distance from the expected goodput (0.05 = 5% off)."""
+        return abs(self.measured_mbit / self.expected_mbit - 1.0)
 
     def to_dict(self) -> dict[str, float | str]:
         return {"host": self.host, "direction": self.direction, "nominal_mbit": self.nominal_mbit,
@@ -72,9 +82,11 @@ def goodput_mbit(marks: list[tuple[float, int]], warm_s: float) -> float:
 
 
 def judge(probes: list[DirectionProbe], tolerance: float) -> list[str]:
-    """One line per link direction whose probed rate is more than `tolerance` off nominal."""
+    """One line per link direction whose probed goodput is more than `tolerance` off what a
+    link at nominal carries."""
     return [f"link {p.host} ({p.direction}): probed {p.measured_mbit:.2f} Mbit/s vs nominal "
-            f"{p.nominal_mbit:g} Mbit/s ({p.off:.0%} off, more than {tolerance:.0%})"
+            f"{p.nominal_mbit:g} Mbit/s, {p.expected_mbit:.2f} of TCP goodput "
+            f"({p.off:.0%} off, more than {tolerance:.0%})"
             for p in probes if p.off > tolerance]  # fmt: skip
 
 
