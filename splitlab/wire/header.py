@@ -435,8 +435,8 @@ def _binary_ids(routing: Routing) -> tuple[Any, tuple[str, ...] | None, tuple[in
 
 def _encode_static(key: tuple[Any, ...], num_ints: int) -> tuple[bytes, struct.Struct] | None:
     kind, lane, session, names, src, priority, keys, specs = key
-    code = _LANE_CODE.get(lane)
-    if code is None or lane is Lane.CONTROL or type(priority) is not int:
+    code = _LANE_CODE.get(lane)  # a Lane, or its value as a plain string
+    if code is None or _LANE_ORDER[code] is Lane.CONTROL or type(priority) is not int:
         return None
     try:
         parts = [_U8.pack(code), _I64S.pack(priority), _str8(kind),

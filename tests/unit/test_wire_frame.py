@@ -296,6 +296,7 @@ def test_integer_meta_on_a_data_lane_travels_binary_and_decodes_as_the_json_form
     ("lane", "meta", "src"),
     [
         (Lane.CONTROL, {"epoch": 1}, None),  # control messages stay JSON
+        ("control", {"epoch": 1}, None),  # the lane's value as a plain string too
         (Lane.ACTIVATION, {"loss": 2.5}, None),
         (Lane.ACTIVATION, {"last": True}, None),  # a bool is not an integer here
         (Lane.ACTIVATION, {"n": 1 << 63}, None),  # outside i64
