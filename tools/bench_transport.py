@@ -27,7 +27,9 @@ import multiprocessing as mp
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -362,6 +364,14 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.exit_code)
 
 
+def _cold_us(sweep: torch.Tensor, call: Callable[[], object]) -> float:
+    """Microseconds of `call` right after streaming `sweep` through the caches."""
+    sweep.add_(1.0)
+    t0 = time.perf_counter()
+    call()
+    return (time.perf_counter() - t0) * 1e6
+
+
 def header_cold_us(samples: int) -> dict[str, float]:
     """Median microseconds to encode and to parse a ring hidden state's header (float32
     [1, 1, 576], meta step and pos) in each form, each call right after streaming 128 MiB
@@ -388,10 +398,7 @@ def header_cold_us(samples: int) -> dict[str, float]:
     times: dict[str, list[float]] = {k: [] for k in calls}
     for _ in range(samples):
         for name, call in calls.items():
-            sweep.add_(1.0)
-            t0 = time.perf_counter()
-            call()
-            times[name].append((time.perf_counter() - t0) * 1e6)
+            times[name].append(_cold_us(sweep, call))
     return {name: median(v) for name, v in times.items()}
 
 
@@ -437,15 +444,9 @@ def hop_cold_us(samples: int) -> dict[str, float]:
         }
         for step in range(samples):
             for arm, sender, receiver in (("tcp", tcp_send, tcp_recv), ("raw", raw_send, raw_recv)):
-                sweep.add_(1.0)
-                t0 = time.perf_counter()
-                sender(step)
-                times[f"{arm}_send"].append((time.perf_counter() - t0) * 1e6)
-                time.sleep(0.001)
-                sweep.add_(1.0)
-                t0 = time.perf_counter()
-                receiver()
-                times[f"{arm}_recv"].append((time.perf_counter() - t0) * 1e6)
+                times[f"{arm}_send"].append(_cold_us(sweep, partial(sender, step)))
+                time.sleep(0.001)  # the frame is there when the receive starts
+                times[f"{arm}_recv"].append(_cold_us(sweep, receiver))
         return {k: median(v) for k, v in times.items()}
     finally:
         a.close(drain_timeout_s=0)

@@ -3,9 +3,10 @@
 One codec for every channel (TCP lanes, in-process, tensor-over-AMQP, handshakes). Tensors of
 any allowed dtype, bfloat16 included, travel as their raw bytes: encoding takes memoryviews of
 the tensor storage (a non-contiguous tensor is made contiguous once) and decoding `recv_into`s
-pooled buffers and returns typed views of them. The decoder validates everything it reads
-(header size and form, JSON or binary (`header.py`), dtype allow-list, rank 1..8, dimensions, byte counts, total size
-before any allocation, finiteness when asked) and raises a `FrameError` naming field and value.
+pooled buffers and returns typed views of them. The header is JSON or binary (`header.py`).
+The decoder validates everything it reads (header size and fields, dtype allow-list, rank
+1..8, dimensions, byte counts, total size before any allocation, finiteness when asked) and
+raises a `FrameError` naming field and value.
 
     .venv/bin/pytest tests/unit/test_wire_frame.py -q
 """

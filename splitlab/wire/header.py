@@ -10,10 +10,11 @@ by the first byte:
   encoder), so a frame costs no dict building.
 - binary (`0xB1`, what a data-lane frame whose `meta` values are all integers travels with:
   the ring's hidden states, training's activations and gradients): `0xB1 | u16 n | n static
-  bytes | one i64 per meta key`. The static bytes hold everything but the meta values (lane,
-  prio, kind, src, ids, the meta keys, each tensor's name, dtype and shape, strings as `u8
-  length | UTF-8`); they repeat from frame to frame, so both ends cache them (bounded) and a
-  frame costs one lookup and one pack or unpack of its integers, no JSON. JSON costs ~70 us a
+  bytes | one i64 per integer routing id, then per meta value`. The static bytes hold the rest
+  (lane, prio, kind, src, session, which ids are present, the meta keys, each tensor's name,
+  dtype and shape; strings as `u8 length | UTF-8`); they repeat from frame to frame, so both
+  ends cache them (bounded) and a frame costs one lookup and one pack or unpack of its
+  integers, no JSON. JSON costs ~70 us a
   frame on cold caches (a ring stage sends right after its compute has streamed its weights
   through the caches), struct ~15 us (tools/bench_transport.py, `header_cold_us`).
 
@@ -99,6 +100,17 @@ class Routing:
     def ids_json(self) -> str:
         """The `ids` object as JSON (computed once per Routing; senders reuse theirs)."""
         return _ENCODER.encode(self.to_dict())
+
+    @cached_property
+    def binary_ids(self) -> tuple[str | None, tuple[str, ...] | None, tuple[int, ...]]:
+        """(session, the integer ids present, their values) for the binary header (computed
+        once per Routing); names None where an id is not an integer in i64, which only the
+        JSON form's parser words."""
+        ids = self.to_dict()
+        session = ids.pop("session", None)
+        ints = tuple(ids.values())
+        fit = all(type(v) is int and _I64[0] <= v <= _I64[1] for v in ints)
+        return session, tuple(ids) if fit else None, ints
 
 
 class TensorSpec(NamedTuple):
@@ -393,7 +405,7 @@ def encode_binary_header(kind: str, lane: Lane, routing: Routing, src: str | Non
     """`u32 length | binary header` for these fields, or None where the JSON form must carry
     them: the control lane (control messages stay JSON), a meta value that is not an integer
     in i64 (bool included), a string over 254 UTF-8 bytes."""
-    session, names, ints = _binary_ids(routing)
+    session, names, ints = routing.binary_ids
     if names is None:
         return None
     if meta:
@@ -417,20 +429,6 @@ def encode_binary_header(kind: str, lane: Lane, routing: Routing, src: str | Non
         return None
     head, values = cached
     return head + values.pack(*ints) if ints else head
-
-
-def _binary_ids(routing: Routing) -> tuple[Any, tuple[str, ...] | None, tuple[int, ...]]:
-    """(session, the integer ids present, their values) of a routing, computed once per
-    Routing (senders reuse theirs); names None where an id is not an integer in i64 (the
-    JSON form's parser words what is wrong with it)."""
-    got = routing.__dict__.get("_binary_ids")
-    if got is None:
-        ids = routing.to_dict()
-        session = ids.pop("session", None)
-        ints = tuple(ids.values())
-        fit = all(type(v) is int and _I64[0] <= v <= _I64[1] for v in ints)
-        got = routing.__dict__["_binary_ids"] = (session, tuple(ids) if fit else None, ints)
-    return got
 
 
 def _encode_static(key: tuple[Any, ...], num_ints: int) -> tuple[bytes, struct.Struct] | None:
