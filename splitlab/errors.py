@@ -7,7 +7,8 @@ researcher reading `echo $?`) can tell a bad config from a lost peer from a NaN.
 from __future__ import annotations
 
 import errno
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
 from enum import IntEnum
 from typing import TypeVar
 
@@ -91,3 +92,14 @@ def registered(table: Mapping[str, T], name: str, key: str) -> T:
         return table[name]
     except KeyError:
         raise ConfigError(f"{key}={name!r}: not registered (registered: {sorted(table)})") from None
+
+
+def tool_exit(name: str, main: Callable[[], int]) -> int:
+    """A tool's exit code from `main()`: a SplitlabError (a bad override, a testbed run
+    without root, a lost peer) is one line on stderr naming the tool and its code, not a
+    traceback."""
+    try:
+        return main()
+    except SplitlabError as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return int(exc.exit_code)

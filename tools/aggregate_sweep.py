@@ -14,6 +14,7 @@ import argparse
 import sys
 
 from splitlab.analysis.sweep import write_aggregate
+from splitlab.errors import tool_exit
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,4 +33,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(tool_exit("aggregate_sweep", main))

@@ -59,6 +59,7 @@ from splitlab.config.schema import DriftConfig
 from splitlab.configure import compose_config
 from splitlab.drift.kernel import KERNEL_LOG
 from splitlab.drift.source import generate_trace
+from splitlab.errors import tool_exit
 from splitlab.infer.route import stage_blocks
 from splitlab.infer.topology import resolve_ring
 from splitlab.launch.ring import run_ring
@@ -328,4 +329,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(tool_exit("bench_adaptive", main))

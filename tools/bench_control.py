@@ -24,7 +24,10 @@ from splitlab.control.bus import make_bus  # noqa: E402
 from splitlab.control.embedded import EmbeddedBusServer  # noqa: E402
 from splitlab.control.endpoint import ControlEndpoint  # noqa: E402
 from splitlab.control.messages import Kind, Open, Plan  # noqa: E402
-from splitlab.errors import PeerLostError  # noqa: E402
+from splitlab.errors import (
+    PeerLostError,  # noqa: E402
+    tool_exit,
+)
 from splitlab.telemetry.bench import BenchReport, bench_arg_parser, median, percentile  # noqa: E402
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
@@ -137,4 +140,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(tool_exit("bench_control", main))

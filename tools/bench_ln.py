@@ -29,6 +29,7 @@ import torch
 
 from splitlab.analysis.fits import Fit, fit_load
 from splitlab.configure import compose_config
+from splitlab.errors import tool_exit
 from splitlab.measure import probes
 from splitlab.measure.calibrate import model_checkpoint
 from splitlab.models.shard import load_blocks
@@ -124,4 +125,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(tool_exit("bench_ln", main))

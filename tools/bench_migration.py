@@ -37,6 +37,7 @@ from pathlib import Path
 from transformers import AutoConfig
 
 from splitlab.configure import compose_config
+from splitlab.errors import tool_exit
 from splitlab.infer.topology import resolve_ring
 from splitlab.launch.ring import model_ref, run_ring
 from splitlab.telemetry.bench import BenchReport, bench_arg_parser, median
@@ -179,4 +180,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(tool_exit("bench_migration", main))

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from splitlab.configure import compose_config
+from splitlab.errors import tool_exit
 from splitlab.infer.compute import PartCompute
 from splitlab.measure.calibrate import model_checkpoint
 from splitlab.models.plan import Span
@@ -151,4 +152,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(tool_exit("bench_release", main))

@@ -35,6 +35,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from splitlab.analysis.traces import load_traces, select
 from splitlab.configure import compose_config
+from splitlab.errors import tool_exit
 from splitlab.infer.prompt import encode_prompt
 from splitlab.infer.ring import GenParams
 from splitlab.infer.topology import resolve_ring
@@ -246,4 +247,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(tool_exit("bench_ring", main))

@@ -52,6 +52,7 @@ import torch
 
 from splitlab.config.enums import DType, FinetuneMethod
 from splitlab.configure import compose_config
+from splitlab.errors import tool_exit
 from splitlab.launch.train import run_finetune
 from splitlab.models.load import load_model
 from splitlab.models.parts import build_parts, group
@@ -249,4 +250,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(tool_exit("bench_ushape", main))

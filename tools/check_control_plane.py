@@ -22,6 +22,7 @@ from pathlib import Path
 
 from splitlab.config.schema import Config
 from splitlab.configure import compose_config
+from splitlab.errors import tool_exit
 from splitlab.launch.ring import spawn_stages
 
 HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
@@ -136,4 +137,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(tool_exit("check_control_plane", main))

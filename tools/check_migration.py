@@ -19,6 +19,7 @@ import time
 import torch
 from transformers import AutoTokenizer
 
+from splitlab.errors import tool_exit
 from splitlab.infer.folders import resolve_model_folder
 from splitlab.infer.planners import ForcedShift
 from splitlab.infer.prompt import encode_prompt
@@ -69,4 +70,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(tool_exit("check_migration", main))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from splitlab.config.schema import Config
 from splitlab.configure import compose_config
-from splitlab.errors import ExitCode
+from splitlab.errors import ExitCode, tool_exit
 from splitlab.infer.folders import RESULT_FILE
 from splitlab.launch.ring import spawn_stages
 
@@ -141,4 +141,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(tool_exit("check_multinode", main))

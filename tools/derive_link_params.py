@@ -18,6 +18,7 @@ import sys
 
 from splitlab.analysis.links import derive_link_params, format_estimate, format_path, shaped_paths
 from splitlab.analysis.traces import load_traces, traces_dir
+from splitlab.errors import tool_exit
 from splitlab.testbed.placement import RECORD_FILE
 
 
@@ -49,4 +50,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(tool_exit("derive_link_params", main))

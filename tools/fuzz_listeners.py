@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from splitlab.control.embedded import _REALM, _SERVER_ID, EmbeddedBus, EmbeddedBusServer  # noqa: E402
 from splitlab.control.messages import Ack, Kind, Plan, Propose  # noqa: E402
-from splitlab.errors import PeerLostError, ProtocolError, WaitTimeoutError  # noqa: E402
+from splitlab.errors import PeerLostError, ProtocolError, WaitTimeoutError, tool_exit  # noqa: E402
 from splitlab.infer.ring_wire import CtrlChannel, ctrl_frame, ctrl_message, stage_peer  # noqa: E402
 from splitlab.telemetry.bench import BenchReport, bench_arg_parser  # noqa: E402
 from splitlab.wire.auth import client_handshake  # noqa: E402
@@ -561,4 +561,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(tool_exit("fuzz_listeners", main))

@@ -215,3 +215,20 @@ def test_check_equivalence_names_an_override_hydra_cannot_merge(tmp_path: Path) 
     assert done.returncode == ExitCode.CONFIG, done.stderr[-2000:]
     assert "config error" in done.stderr and "model.dtype=float32" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "named"),
+    [("bench_adaptive", ["no_such_key=1"], "no_such_key=1"),
+     ("bench_ring", ["no_such_key=1"], "no_such_key=1"),
+     ("bench_ushape", ["--testbed", "no_such_testbed"], "testbed=no_such_testbed")],
+)  # fmt: skip
+def test_a_bench_names_a_bad_value_in_one_line(tool: str, args: list[str], named: str) -> None:
+    """Every tool's SplitlabError (here Hydra refusing an override) is one line naming the
+    tool, exit 2, not a traceback (`splitlab.errors.tool_exit`)."""
+    path = Path(__file__).resolve().parents[2] / "tools" / f"{tool}.py"
+    done = subprocess.run([sys.executable, str(path), *args],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == ExitCode.CONFIG, done.stderr[-2000:]
+    assert done.stderr.startswith(f"{tool}: ") and named in done.stderr
+    assert "Traceback" not in done.stderr
