@@ -355,7 +355,9 @@ class ModelPlannerConfig(PlannerConfig):
     hysteresis: float = 0.05  # minimum relative gain in predicted TPOT before moving, in [0, 1)
     calibration: str | None = None  # calibrate.py JSON (decode, link, L_n); None = defaults
     calibration_key: str | None = None  # its record (model/device/dtype); None = its only one
-    horizon_tokens: int = 64  # tokens a move's gain is counted over against its migration cost
+    horizon_tokens: int = (
+        64  # tokens a move's gain is counted over against its migration (at most those left)
+    )
     mem_high: float = 0.9  # q_mem_obs at or above which a stage receives no more blocks
     confirm: int = 2  # barriers in a row that must pick the same target before a move (1 = at once)
 

@@ -12,7 +12,8 @@ this is the applying half.
     inject((time.perf_counter() - t0) * 1e3, source.phi(token))
     compute_ms = (time.perf_counter() - t0) * 1e3            # includes the injected sleep
 
-The same function applies a link slowdown: `inject(send_ms, source.phi_link(token))`.
+A link slowdown (`phi_link`) is not injected: off a testbed it reaches the observations
+(`link_obs`) only, and on one the kernel applies it as a rate (`splitlab.drift.kernel`).
 """
 
 from __future__ import annotations

@@ -27,10 +27,11 @@ parameters (`splitlab.config.schema`); `make_planner(cfg)` builds one from that 
   `link_low` gives all its blocks to its neighbours at once (the ring then skips it), balancing
   runs over the stages that own blocks, and a skipped stage takes a block back at `link_high`.
 - `model` (`ModelPlanner`): the same stage model from a calibration (`Calibration`: decode fit,
-  L_n, link latency; defaults named where the file is silent) corrected by the observations
-  (compute trend from q_cmp_obs, link_obs per hop, no blocks to a stage at q_mem_obs >=
-  `mem_high`), and a migration cost (L_n summed over receivers) against the gain over
-  `horizon_tokens`; it jumps to the best cuts one reconfiguration reaches, not one block.
+  L_n, link latency and per-byte time; defaults named where the file is silent) corrected by
+  the observations (compute trend from q_cmp_obs, each hop's bytes over its link at link_obs,
+  no blocks to a stage at q_mem_obs >= `mem_high`), and a migration cost (L_n summed over
+  receivers, the moved KV over each donor's link) against the gain over `horizon_tokens` or
+  the tokens left; it jumps to the best cuts one reconfiguration reaches, not one block.
 
     .venv/bin/pytest tests/unit/test_planner_core.py tests/unit/test_planner_model.py -q
 """
@@ -70,17 +71,22 @@ class StageStats:
     real_ms: float  # the real forward alone
     blocks_ms: float  # the part of real_ms spent inside the blocks
     tokens: int = 0  # decode tokens the means cover
+    send_bytes: float = 0.0  # payload bytes the stage sent on the ring per token (its hop)
+    kv_bytes_per_block_token: int = 0  # KV bytes of one block per cached token (0: unknown)
 
     @classmethod
     def from_dict(cls, stage: int, d: Mapping[str, Any]) -> StageStats | None:
         try:
             stats = cls(stage=stage, num_blocks=int(d["num_blocks"]),
                         compute_ms=float(d["compute_ms"]), real_ms=float(d["real_ms"]),
-                        blocks_ms=float(d["blocks_ms"]), tokens=int(d.get("tokens", 0)))  # fmt: skip
+                        blocks_ms=float(d["blocks_ms"]), tokens=int(d.get("tokens", 0)),
+                        send_bytes=float(d.get("send_bytes", 0.0)),
+                        kv_bytes_per_block_token=int(d.get("kv_bytes_per_block_token", 0)))  # fmt: skip
         except (KeyError, TypeError, ValueError):
             return None
-        values = (stats.compute_ms, stats.real_ms, stats.blocks_ms)
-        if stats.tokens < 1 or not all(math.isfinite(v) and v >= 0 for v in values):
+        values = (stats.compute_ms, stats.real_ms, stats.blocks_ms, stats.send_bytes)
+        if (stats.tokens < 1 or stats.kv_bytes_per_block_token < 0
+                or not all(math.isfinite(v) and v >= 0 for v in values)):  # fmt: skip
             return None
         return stats
 
@@ -93,6 +99,7 @@ class WindowView:
     stats: tuple[StageStats | None, ...] = ()  # per stage, from the last barrier's ACKs
     obs: tuple[dict[str, float] | None, ...] = ()  # per stage drift observation (or None)
     context: int = 0  # tokens in the KV cache
+    remaining: int | None = None  # decode tokens left after this barrier at most (None: unknown)
 
 
 @dataclass(frozen=True)
@@ -418,6 +425,7 @@ class Adaptive:
 
 DEFAULT_LOAD_MS_PER_BLOCK = 20.0  # L_n slope when the calibration has no load fit (said so)
 DEFAULT_LINK_ALPHA_MS = 0.5  # per-hop latency when the calibration has no link figures
+DEFAULT_LINK_BETA_MS_PER_BYTE = 8e-6  # ... and per byte: 1 Gbit/s
 Q_SATURATED = 0.99  # a compute load at or above this says nothing more about the slowdown
 
 
@@ -427,18 +435,27 @@ class Calibration:
 
     `decode` is the per-block decode fit (how a block's time grows with context; None: flat);
     `load_c0_ms + load_c1_ms * n` is L_n, the cost of loading n blocks (the record's `load`
-    fit, read by `analysis.fits.load_cost`; else its one-block `weight_load_ms`; else a default); `link_alpha_ms` the per-hop
-    latency. `defaults` names each part that is not from the file.
+    fit, read by `analysis.fits.load_cost`; else its one-block `weight_load_ms`; else a
+    default); `link_alpha_ms + bytes * link_beta_ms_per_byte` a message over a nominal link
+    (the record's `link` fit: calibrate a testbed host with `calibrate.py --testbed`, since
+    the loopback probe measures memcpy, not a link). `defaults` names each part that is not
+    from the file.
     """
 
     decode: CostModel | None = None
     load_c0_ms: float = 0.0
     load_c1_ms: float = DEFAULT_LOAD_MS_PER_BLOCK
     link_alpha_ms: float = DEFAULT_LINK_ALPHA_MS
+    link_beta_ms_per_byte: float = DEFAULT_LINK_BETA_MS_PER_BYTE
     defaults: tuple[str, ...] = ("decode", "load", "link")
 
     def load_ms(self, num_blocks: int) -> float:
         return self.load_c0_ms + self.load_c1_ms * num_blocks if num_blocks > 0 else 0.0
+
+    def message_ms(self, nbytes: float, link: float) -> float:
+        """One message of `nbytes` over a link at `link` (0, 1] of its nominal rate: the
+        latency stays, the bytes take 1/link as long."""
+        return self.link_alpha_ms + nbytes * self.link_beta_ms_per_byte / link
 
     def context_growth(self, context: int, horizon_tokens: int) -> float:
         """A block's decode time over the next half horizon relative to now (1.0 uncalibrated)."""
@@ -475,13 +492,16 @@ class Calibration:
                 defaults.append("load")
         if not all(math.isfinite(v) and v >= 0 for v in (l0, l1)):
             raise ConfigError(f"{key}={path}: L_n {l0} + {l1} n ms must be finite and >= 0")
-        alpha = (record.get("link") or {}).get("alpha_ms")
-        alpha = alpha if alpha is None else float(alpha)
-        if alpha is None or not (math.isfinite(alpha) and alpha >= 0):
-            alpha = DEFAULT_LINK_ALPHA_MS
+        link = record.get("link") or {}
+        try:
+            alpha, beta = float(link["alpha_ms"]), float(link["beta_ms_per_byte"])
+        except (KeyError, TypeError, ValueError):
+            alpha, beta = math.nan, math.nan
+        if not all(math.isfinite(v) and v >= 0 for v in (alpha, beta)):
+            alpha, beta = DEFAULT_LINK_ALPHA_MS, DEFAULT_LINK_BETA_MS_PER_BYTE
             defaults.append("link")
         return cls(decode=decode, load_c0_ms=l0, load_c1_ms=l1, link_alpha_ms=alpha,
-                   defaults=tuple(defaults))  # fmt: skip
+                   link_beta_ms_per_byte=beta, defaults=tuple(defaults))  # fmt: skip
 
 
 def compute_trend(prev: Mapping[str, float] | None, now: Mapping[str, float] | None) -> float:
@@ -531,15 +551,20 @@ class ModelPlanner:
     trend (`compute_trend`: q_cmp_obs now over the barrier before) and, for the blocks, by the
     calibrated decode fit's growth with context over the next half horizon. The measured block
     time, not the calibrated one, carries a real slowdown (a CPU quota cut, contention), which a
-    calibration taken elsewhere cannot know. Each hop costs
-    `link_alpha_ms / link_obs` of its sender. The ring carries every token over every hop
-    whatever the cuts, so a slow link adds to the predicted TPOT but no cut set removes it: the
-    planner holds rather than pay a migration for nothing. A stage whose q_mem_obs is at or over
-    `mem_high` is given no blocks (its memory is what is short). Among the cut sets one
-    reconfiguration reaches (every block moves at most one stage, so several blocks and both
-    boundaries at once), the target minimises `horizon_tokens x TPOT + migration`, migration
-    being L_n summed over the receivers; it moves only when the gain beats `hysteresis`
-    (relative) and, over the horizon, the migration cost.
+    calibration taken elsewhere cannot know. Each hop costs one message of the bytes its
+    sender put on the ring per token (measured) over the sender's link at its link_obs
+    (`Calibration.message_ms`). The ring carries every token over every hop whatever the cuts,
+    so a slow link adds to the predicted TPOT but no cut set removes it (unless `bypass` lets
+    the ring skip the stage behind it): the planner holds rather than pay a migration for
+    nothing. A stage whose q_mem_obs is at or over `mem_high` is given no blocks (its memory
+    is what is short). Among the cut sets one reconfiguration reaches (every block moves at
+    most one stage, so several blocks and both boundaries at once), the target minimises
+    `horizon x TPOT + migration`: the migration is L_n summed over the receivers plus the
+    moved blocks' KV (blocks x context x KV bytes per block and token, as the donors report)
+    crossing each donor's own link, and the horizon is `horizon_tokens`, or the tokens the
+    generation has left when fewer (a move that pays back over 200 tokens is a loss in the
+    last 50). It moves only when the gain beats `hysteresis` (relative) and, over the horizon,
+    the migration cost.
     """
 
     calibration: Calibration = field(default_factory=Calibration)
@@ -599,7 +624,9 @@ class ModelPlanner:
             return Decision(view.cuts, "model: waiting for every stage's window statistics")
         obs = list(view.obs) + [None] * (len(stats) - len(view.obs))
         prev_obs = list(prev) + [None] * (len(stats) - len(prev))
-        growth = self.calibration.context_growth(view.context, self.horizon_tokens)
+        horizon = (self.horizon_tokens if view.remaining is None
+                   else max(0, min(self.horizon_tokens, view.remaining)))  # fmt: skip
+        growth = self.calibration.context_growth(view.context, horizon)
         measured: list[tuple[float, float] | None] = []
         for s, st in enumerate(stats):
             if not held[s]:
@@ -612,7 +639,10 @@ class ModelPlanner:
                   for s, m in enumerate(measured)]  # fmt: skip
         links = [link_trend(p, o) if self.bypass else link_factor(o)
                  for p, o in zip(prev_obs, obs, strict=True)]  # fmt: skip
-        hop_ms = [self.calibration.link_alpha_ms / f for f in links]
+        # a skipped stage sent nothing in the window: back on the ring it sends a hidden state
+        hidden = max((st.send_bytes for st in stats[:-1] if st is not None), default=0.0)
+        hop_ms = [self.calibration.message_ms(hidden if st is None else st.send_bytes, f)
+                  for st, f in zip(stats, links, strict=True)]  # fmt: skip
         full = [q for q, o in enumerate(obs) if (o or {}).get("q_mem_obs", 0.0) >= self.mem_high]
 
         def times(cuts: tuple[int, ...]) -> tuple[float, ...]:
@@ -632,16 +662,17 @@ class ModelPlanner:
             return sum(times(cuts)) + link_ms(cuts)
 
         def migration(cuts: tuple[int, ...]) -> float:
-            """L_n summed over the receivers; with bypass also the blocks' state leaving each
-            donor over its own link, taken as L_n at nominal and 1/link_obs slower."""
+            """L_n summed over the receivers, and the moved blocks' KV leaving each donor over
+            its own link."""
             ms = sum(map(self.calibration.load_ms, blocks_received(current, cuts, num_layers)))
-            if self.bypass:
-                given = blocks_given(current, cuts, num_layers)
-                ms += sum(self.calibration.load_ms(n) / links[d] for d, n in enumerate(given))
+            for d, n in enumerate(blocks_given(current, cuts, num_layers)):
+                if n:
+                    kv = n * view.context * stats[d].kv_bytes_per_block_token  # type: ignore[union-attr]
+                    ms += self.calibration.message_ms(kv, links[d])
             return ms
 
         def cost(cuts: tuple[int, ...]) -> tuple[float, float, bool]:
-            return (self.horizon_tokens * tpot(cuts) + migration(cuts), max(times(cuts)),
+            return (horizon * tpot(cuts) + migration(cuts), max(times(cuts)),
                     cuts != current)  # fmt: skip
 
         candidates = [
@@ -660,7 +691,7 @@ class ModelPlanner:
         )
         if target == current and ideal != current:  # the horizon does not pay for the move
             return Decision(current, f"model: hold ({list(ideal)} saves {tpot(current) - tpot(ideal):.2f} "
-                            f"ms x {self.horizon_tokens} tokens <= migration {migration(ideal):.1f} ms"
+                            f"ms x {horizon} tokens <= migration {migration(ideal):.1f} ms"
                             f"{said})", now)  # fmt: skip
         gain = (tpot(current) - tpot(target)) / tpot(current) if tpot(current) > 0 else 0.0
         links_said = ("links cost the same whatever the cuts" if not self.bypass

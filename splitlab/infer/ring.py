@@ -182,7 +182,10 @@ class RingStage:
 
         self.identity, self.compute, self.up, self.down = identity, compute, up, down
         self.peers = dict(peers) if peers else None  # bypass: a channel to every other stage
-        self.control, self.drift, self.stats = control, drift, WindowStats()
+        self.control, self.drift = control, drift
+        self.stats = WindowStats(
+            kv_bytes_per_block_token=getattr(compute, "bytes_per_token_kv", None)
+        )
         self.tracer = tracer or Tracer.null()
         self.strict_parity, self.timeout_s, self.session = strict_parity, timeout_s, session
         self.index, self.num_stages = identity.stage, identity.num_stages
@@ -358,6 +361,8 @@ class RingStage:
                 )
             else:
                 send_ms, nbytes = self._send("hidden", {HIDDEN: out}, step=step, pos=pos)
+                if step > 0:
+                    self.stats.sent(nbytes)
                 self._after_send()
                 msg, wait_ms = self._recv(["token"])
                 if msg.meta.get("step") != step:
@@ -384,10 +389,10 @@ class RingStage:
                     self.control.close("end of generation")
                     closed = True
                 else:
-                    # the next barrier comes only if generation outlasts its token: no
-                    # blocks are built ahead for a barrier that will not be held
-                    last = step + self.control.window + 1 >= gen.max_new_tokens
-                    self.control.barrier(step=step, pos=self.pos, stats=self.stats, last=last)
+                    # the tokens left: a planner weighs a move against them, and no blocks
+                    # are built ahead for a barrier that will not be held
+                    left = gen.max_new_tokens - step - 1
+                    self.control.barrier(step=step, pos=self.pos, stats=self.stats, remaining=left)
                     self.stats.reset()
             if done:
                 reason = "eos"
@@ -450,6 +455,8 @@ class RingStage:
                 token = None
                 send_ms, nbytes = self._send("hidden", {HIDDEN: out}, step=step, pos=pos)
             msg.release()  # after the send: a pass-through output may still view the buffer
+            if step > 0:
+                self.stats.sent(nbytes)
             self.tracer.write(TokenRecord(
                 stage=self.index, token=step, pos=pos, num_tokens=num_tokens, compute_ms=compute_ms,
                 real_ms=real_ms, recv_wait_ms=wait_ms, send_ms=send_ms, bytes=nbytes,

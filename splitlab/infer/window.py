@@ -36,7 +36,7 @@ import gc
 import logging
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
@@ -81,23 +81,34 @@ class WindowStats:
     real_ms: list[float] = field(default_factory=list)
     blocks_ms: list[float] = field(default_factory=list)
 
+    send_bytes: list[int] = field(default_factory=list)  # payload sent on the ring per token
+    # KV bytes of one block per cached token (the stage's compute knows; None: a model-free one)
+    kv_bytes_per_block_token: Callable[[], int] | None = None
+
     def add(self, *, compute_ms: float, real_ms: float, blocks_ms: float) -> None:
         self.compute_ms.append(compute_ms)
         self.real_ms.append(real_ms)
         self.blocks_ms.append(blocks_ms)
 
+    def sent(self, nbytes: int) -> None:
+        self.send_bytes.append(nbytes)
+
     def summary(self, num_blocks: int) -> dict[str, Any]:
         if not self.compute_ms:
             return {}
         mean = statistics.fmean
+        kv = self.kv_bytes_per_block_token() if self.kv_bytes_per_block_token and num_blocks else 0
         return {"num_blocks": num_blocks, "tokens": len(self.compute_ms),
                 "compute_ms": mean(self.compute_ms), "real_ms": mean(self.real_ms),
-                "blocks_ms": mean(self.blocks_ms)}  # fmt: skip
+                "blocks_ms": mean(self.blocks_ms),
+                "send_bytes": mean(self.send_bytes) if self.send_bytes else 0.0,
+                "kv_bytes_per_block_token": kv}  # fmt: skip
 
     def reset(self) -> None:
         self.compute_ms.clear()
         self.real_ms.clear()
         self.blocks_ms.clear()
+        self.send_bytes.clear()
 
 
 class GcClock:
@@ -335,29 +346,35 @@ class HeadControl:
         self.prepare_ahead = prepare_ahead
         self._ahead: tuple[int, int, tuple[int, ...], Decision] | None = None
 
-    def _view(self, *, token: int, cuts: tuple[int, ...], context: int) -> WindowView:
+    def _view(self, *, token: int, cuts: tuple[int, ...], context: int,
+              remaining: int | None) -> WindowView:  # fmt: skip
         return WindowView(
             token=token, cuts=cuts, num_layers=self.migrator.num_layers, context=context,
             stats=tuple(self.last_stats.get(s) for s in range(self.num_stages)),
             obs=tuple(self.last_obs.get(s) for s in range(self.num_stages)),
+            remaining=remaining,
         )  # fmt: skip
 
-    def _decide(self, *, step: int, pos: int) -> Decision:
+    def _decide(self, *, step: int, pos: int, remaining: int | None) -> Decision:
         """This barrier's decision: the one taken ahead if it was for this token, context and
         cuts (always, unless generation was not where the last barrier expected), else now."""
         ahead, self._ahead = self._ahead, None
         cuts = tuple(self.migrator.cuts)
         if ahead is not None and ahead[:3] == (step, pos, cuts):
             return ahead[3]
-        return self.planner.decide(self._view(token=step, cuts=cuts, context=pos))
+        view = self._view(token=step, cuts=cuts, context=pos, remaining=remaining)
+        return self.planner.decide(view)
 
-    def _plan_ahead(self, *, step: int, pos: int, cuts: tuple[int, ...]) -> tuple[int, ...] | None:
+    def _plan_ahead(self, *, step: int, pos: int, cuts: tuple[int, ...],
+                    remaining: int | None) -> tuple[int, ...] | None:  # fmt: skip
         """Decide the next barrier (W tokens on, from `cuts`, this barrier's outcome) now;
         its cuts when they move blocks."""
         if not self.prepare_ahead:
             return None
         token, context, cuts = step + self.window, pos + self.window, tuple(cuts)
-        decision = self.planner.decide(self._view(token=token, cuts=cuts, context=context))
+        left = None if remaining is None else remaining - self.window
+        view = self._view(token=token, cuts=cuts, context=context, remaining=left)
+        decision = self.planner.decide(view)
         self._ahead = (token, context, cuts, decision)
         return tuple(decision.cuts) if tuple(decision.cuts) != cuts else None
 
@@ -380,11 +397,14 @@ class HeadControl:
                           decision=f"fatal: {reason}", obs=None, cuts=list(self.migrator.cuts)))  # fmt: skip
         return type(exc)(reason)
 
-    def barrier(self, *, step: int, pos: int, stats: WindowStats, last: bool = False) -> None:
-        """One barrier at token `step`; `last`: no barrier follows (generation ends within
-        the window), so nothing is decided or built ahead for one."""
+    def barrier(self, *, step: int, pos: int, stats: WindowStats,
+                remaining: int | None = None) -> None:  # fmt: skip
+        """One barrier at token `step`; `remaining`: the tokens generation has left after
+        this one at most (None: unknown), which the planner may weigh a move against. When
+        they end within the window no barrier follows, so nothing is decided or built ahead
+        for one."""
         migrator = self.migrator
-        decision = self._decide(step=step, pos=pos)
+        decision = self._decide(step=step, pos=pos, remaining=remaining)
         t0 = time.perf_counter()
         propose = self.state.propose(token=step, cuts=decision.cuts, decision=decision.reason)
         epoch = propose.epoch
@@ -429,7 +449,9 @@ class HeadControl:
                 self.last_obs[stage] = answer.obs
         commit_ms, aborted = 0.0, not isinstance(verdict, BarrierCommit)
         after = migrator.cuts if aborted else tuple(decision.cuts)
-        prepare = None if last else self._plan_ahead(step=step, pos=pos, cuts=after)
+        last = remaining is not None and remaining <= self.window
+        prepare = (None if last
+                   else self._plan_ahead(step=step, pos=pos, cuts=after, remaining=remaining))  # fmt: skip
         self._broadcast(replace(verdict, prepare=prepare))
         if aborted:
             assert isinstance(verdict, BarrierAbort), verdict

@@ -56,15 +56,17 @@ def test_in_process_shift_keeps_every_token(
 
 
 class _Counting:
-    """Noop that records the token of every view it is asked about."""
+    """Noop that records the token (and the tokens left) of every view it is asked about."""
 
     name = "counting"
 
     def __init__(self) -> None:
         self.tokens: list[int] = []
+        self.remaining: list[int | None] = []
 
     def decide(self, view: WindowView) -> Decision:
         self.tokens.append(view.token)
+        self.remaining.append(view.remaining)
         return Decision(view.cuts, "noop")
 
 
@@ -75,6 +77,7 @@ def test_decisions_are_taken_for_the_barriers_held_and_none_past_the_end(tiny9, 
     # 30 tokens, W = 5: barriers at 5..25, each decided once (token 5's at the barrier, the
     # rest a window ahead); none for token 30, which generation never reaches
     assert planner.tokens == [5, 10, 15, 20, 25]
+    assert planner.remaining == [24, 19, 14, 9, 4]  # tokens 6..29 are left after token 5
 
 
 def test_nack_aborts_the_epoch_and_decoding_goes_on(tiny9, noshift) -> None:

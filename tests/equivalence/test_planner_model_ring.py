@@ -7,6 +7,8 @@ Tiny Llama (9 blocks, cuts 3/6), stage 1 slowed 4x by a replayed `one_slow_node`
 
 from __future__ import annotations
 
+import json
+
 import torch
 
 from splitlab.config.enums import DriftSource
@@ -33,3 +35,9 @@ def test_model_planner_moves_off_the_slow_stage_and_keeps_every_token(tiny9) -> 
     assert slow.span.stop - slow.span.start < 3
     moved = [w for w in result.windows if w["decision"].startswith("model: to")]
     assert moved, [w["decision"] for w in result.windows]
+    # what the planner weighs a hop and a move with, from every stage's ACK
+    hidden = 4 * json.loads((tiny9 / "config.json").read_text())["hidden_size"]  # fp32
+    stats = result.windows[-1]["stats"]
+    assert [stats[s]["send_bytes"] for s in ("0", "1", "2")] == [hidden, hidden, 8]
+    kv = computes[0].bytes_per_token_kv()
+    assert kv > 0 and all(stats[s]["kv_bytes_per_block_token"] == kv for s in ("0", "1", "2"))

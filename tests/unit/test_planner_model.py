@@ -26,25 +26,34 @@ from splitlab.infer.planners import (
     reachable,
 )
 
+HIDDEN_BYTES, TOKEN_BYTES, KV_BYTES = 2304, 8, 1536  # SmolLM2's hidden state, token id, KV
 
-def _stats(stage: int, n: int, *, per_block: float = 1.0, phi: float = 1.0) -> StageStats:
+
+def _stats(stage: int, n: int, *, per_block: float = 1.0, phi: float = 1.0,
+           tail: bool = False) -> StageStats:  # fmt: skip
     return StageStats(stage=stage, num_blocks=n, compute_ms=n * per_block * phi,
-                      real_ms=n * per_block, blocks_ms=n * per_block, tokens=10)  # fmt: skip
+                      real_ms=n * per_block, blocks_ms=n * per_block, tokens=10,
+                      send_bytes=TOKEN_BYTES if tail else HIDDEN_BYTES,
+                      kv_bytes_per_block_token=KV_BYTES)  # fmt: skip
 
 
 def _obs(q_cmp: float = 0.5, q_mem: float = 0.4, link: float = 1.0) -> dict[str, float]:
     return {"theta_obs": 45.0, "q_cmp_obs": q_cmp, "q_mem_obs": q_mem, "link_obs": link}
 
 
-def _view(cuts, phis=(1.0, 1.0, 1.0), obs=None, num_layers=30) -> WindowView:
+def _view(cuts, phis=(1.0, 1.0, 1.0), obs=None, num_layers=30, context=8,
+          remaining=None) -> WindowView:  # fmt: skip
     bounds = [0, *cuts, num_layers]
-    stats = tuple(_stats(s, bounds[s + 1] - bounds[s], phi=p) for s, p in enumerate(phis))
+    stats = tuple(_stats(s, bounds[s + 1] - bounds[s], phi=p, tail=s == len(phis) - 1)
+                  for s, p in enumerate(phis))  # fmt: skip
     return WindowView(token=40, cuts=tuple(cuts), num_layers=num_layers, stats=stats,
-                      obs=tuple(obs or (_obs(),) * len(phis)))  # fmt: skip
+                      obs=tuple(obs or (_obs(),) * len(phis)), context=context,
+                      remaining=remaining)  # fmt: skip
 
 
 def _cheap() -> Calibration:
-    return Calibration(load_c1_ms=1.0, defaults=())
+    """Loads at 1 ms a block; links of 0.5 ms + 1e-4 ms a byte (~80 Mbit/s) at nominal."""
+    return Calibration(load_c1_ms=1.0, link_alpha_ms=0.5, link_beta_ms_per_byte=1e-4, defaults=())
 
 
 def test_blocks_received_and_reachable() -> None:
@@ -88,44 +97,61 @@ def test_model_holds_on_a_slow_link_that_no_cut_removes() -> None:
 def test_model_with_bypass_routes_around_a_slow_link_in_one_reconfiguration() -> None:
     """With `architecture.bypass` the model can empty the stage behind the link: its blocks go
     to both neighbours (balanced: equal rates, ties by the smaller largest stage) and the ring
-    skips it, one hop fewer."""
+    skips it, one hop fewer. Each hop is its sender's bytes over its link: stage 1's hidden
+    state at 5% of the rate costs 0.5 + 2304 x 1e-4 / 0.05 = 5.11 ms."""
     obs = (_obs(), _obs(link=0.05), _obs())
     planner = ModelPlanner(calibration=_cheap(), bypass=True)
 
     d = planner.decide(_view((10, 20), obs=obs))
 
-    assert d.cuts == (15, 15) and "links 11.00 -> 1.00 ms" in d.reason
+    assert d.cuts == (15, 15) and "links 6.34 -> 1.23 ms" in d.reason, d.reason
     assert d.predicted_ms[1] == 0.0  # skipped: no time
     assert ModelPlanner(calibration=_cheap()).decide(_view((10, 20), obs=obs)).cuts == (10, 20)
 
 
-def test_model_leaves_a_falling_link_early_and_not_a_link_too_slow_to_leave() -> None:
-    """The moved blocks' state crosses the donor's own link: the migration costs L_n /
-    link_obs there. A link falling 1.0 -> 0.6 is projected on to 0.36 and left while it is
-    fast; one already at 1% would take longer to leave than the horizon saves."""
-    cal = Calibration(load_c1_ms=5.0, link_alpha_ms=2.0, defaults=())
-    planner = ModelPlanner(calibration=cal, bypass=True, hysteresis=0.1)
-    planner.decide(_view((10, 20), obs=(_obs(), _obs(link=1.0), _obs())))
-    d = planner.decide(_view((10, 20), obs=(_obs(), _obs(link=0.6), _obs())))
+def test_model_weighs_the_moved_kv_against_the_tokens_left() -> None:
+    """Leaving the slow link sends the 10 moved blocks' KV over it: 10 x context x 1536 bytes
+    against one hidden state (2304 bytes) saved per token, so it pays only over ~6.7 x context
+    tokens. At context 8 the 64-token horizon pays; 30 tokens left do not; at context 40 it
+    takes a horizon of ~270 tokens, which a long generation has and a short one does not."""
+    obs = (_obs(), _obs(link=0.05), _obs())
+
+    def decide(context: int, remaining: int | None, horizon: int = 64):
+        planner = ModelPlanner(calibration=_cheap(), bypass=True, horizon_tokens=horizon)
+        return planner.decide(_view((10, 20), obs=obs, context=context, remaining=remaining))
+
+    assert decide(8, None).cuts == (15, 15)
+    d = decide(8, 30)
+    assert d.cuts == (10, 20) and "x 30 tokens <= migration" in d.reason, d.reason
+    d = decide(40, None)
+    assert d.cuts == (10, 20) and "x 64 tokens <= migration" in d.reason, d.reason
+    assert decide(40, 400, horizon=512).cuts == (15, 15)
+    assert decide(40, 200, horizon=512).cuts == (10, 20)
+
+
+def test_model_leaves_a_falling_link_a_window_before_its_rate_says() -> None:
+    """A link falling 0.2 -> 0.1 is projected on to 0.05 (`link_trend`): leaving it then saves
+    more than the hysteresis asks, where a link steady at 0.1 does not yet."""
+    planner = ModelPlanner(calibration=_cheap(), bypass=True, hysteresis=0.1)
+    planner.decide(_view((10, 20), obs=(_obs(), _obs(link=0.2), _obs())))
+    d = planner.decide(_view((10, 20), obs=(_obs(), _obs(link=0.1), _obs())))
     assert d.cuts == (15, 15), d.reason
-    steady = ModelPlanner(calibration=cal, bypass=True, hysteresis=0.1)
-    assert steady.decide(_view((10, 20), obs=(_obs(), _obs(link=0.6), _obs()))).cuts == (10, 20)
-    late = ModelPlanner(calibration=cal, bypass=True, horizon_tokens=16)
-    d = late.decide(_view((10, 20), obs=(_obs(), _obs(link=0.01), _obs())))
-    assert d.cuts == (10, 20) and "migration" in d.reason
+    steady = ModelPlanner(calibration=_cheap(), bypass=True, hysteresis=0.1)
+    d = steady.decide(_view((10, 20), obs=(_obs(), _obs(link=0.1), _obs())))
+    assert d.cuts == (10, 20) and "hysteresis" in d.reason, d.reason
 
 
 def test_model_with_a_skipped_stage_plans_without_its_statistics() -> None:
     """A skipped stage measures no block time: it is guessed at its faster neighbour's rate.
     Behind a link still slow it stays skipped (head and tail cannot trade blocks over it: KV
     moves between neighbours only); with its link back it takes the slow tail's blocks."""
-    stats = (_stats(0, 15), None, _stats(2, 15, per_block=3.0))
+    stats = (_stats(0, 15), None, _stats(2, 15, per_block=3.0, tail=True))
 
     def view(link: float) -> WindowView:
         return WindowView(token=40, cuts=(15, 15), num_layers=30, stats=stats,
                           obs=(_obs(), _obs(link=link), _obs()))  # fmt: skip
 
-    d = ModelPlanner(calibration=_cheap(), bypass=True).decide(view(0.01))
+    d = ModelPlanner(calibration=_cheap(), bypass=True).decide(view(0.001))  # a 231 ms hop
     assert "waiting" not in d.reason and d.cuts == (15, 15), d.reason
     d = ModelPlanner(calibration=_cheap(), bypass=True).decide(view(1.0))
     assert d.cuts[0] == 15 and d.cuts[1] > 15, d.reason
@@ -192,12 +218,14 @@ def test_model_moves_earlier_than_the_window_mean_says_when_load_is_rising() -> 
 
 
 def test_calibration_reads_calibrate_output_and_says_what_is_default(tmp_path) -> None:
-    record = {"decode": {"params": {"c0": 0.8, "c1": 0.001}}, "link": {"alpha_ms": 0.3},
+    record = {"decode": {"params": {"c0": 0.8, "c1": 0.001}},
+              "link": {"alpha_ms": 0.3, "beta_ms_per_byte": 2e-6},
               "weight_load_ms": {"ms": 12.0, "cache": "warm"}}  # fmt: skip
     path = tmp_path / "cal.json"
     path.write_text(json.dumps({"version": 1, "records": {"m|cpu|float32": record}}))
     cal = Calibration.read(path)
     assert cal.decode == CostModel(0.8, 0.001) and cal.link_alpha_ms == 0.3
+    assert cal.message_ms(1000, 0.5) == pytest.approx(0.3 + 1000 * 2e-6 / 0.5)
     assert cal.load_ms(3) == pytest.approx(36.0) and cal.defaults == ()
     load = {"fixed_ms": 5.0, "per_block_ms": 10.0, "r2": 0.99, "cache": "cold"}
     path.write_text(json.dumps({**record, "load": load, "link": {}}))
