@@ -39,7 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from splitlab.config.schema import MAX_SPIN_US, SPIN_US  # noqa: E402
-from splitlab.errors import SplitlabError  # noqa: E402
+from splitlab.errors import tool_exit  # noqa: E402
 from splitlab.telemetry.bench import (  # noqa: E402
     BenchReport,
     bench_arg_parser,
@@ -355,13 +355,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--session", help=argparse.SUPPRESS)
     parser.add_argument(CONTROL_FD_FLAG, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    try:
-        if args.testbed != "none" and args.side is None:
-            return _over_testbed(args, sys.argv[1:] if argv is None else list(argv))
-        return _run(args)
-    except SplitlabError as exc:
-        print(f"bench_transport: {exc}", file=sys.stderr)
-        return int(exc.exit_code)
+    if args.testbed != "none" and args.side is None:
+        return _over_testbed(args, sys.argv[1:] if argv is None else list(argv))
+    return _run(args)
 
 
 def _cold_us(sweep: torch.Tensor, call: Callable[[], object]) -> float:
@@ -601,4 +597,4 @@ def _add_shaped_rate(report: BenchReport, tput: dict[tuple[str, int], float], si
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(tool_exit("bench_transport", main))

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from splitlab.analysis.fits import CalibrationResult
 from splitlab.configure import compose_config
-from splitlab.errors import SplitlabError
+from splitlab.errors import ConfigError, tool_exit
 from splitlab.measure.calibrate import (
     PROBES,
     CalibrateOutcome,
@@ -91,14 +91,16 @@ def _without(argv: list[str], flags: tuple[str, ...]) -> list[str]:
 
 def run_on_testbed(args: argparse.Namespace, argv: list[str]) -> int:
     """Calibrate inside testbed host `args.host`; see the module docstring."""
-    from splitlab.testbed.placement import testbed_for
+    from splitlab.testbed.placement import fetch_node_assets, testbed_for
 
-    cfg = compose_config([f"testbed={args.testbed}"])
+    cfg = compose_config([f"testbed={args.testbed}", f"model={args.model}"])
+    if args.host not in (cfg.testbed.hosts or {}):
+        hosts = sorted(cfg.testbed.hosts or {})
+        raise ConfigError(f"--host {args.host!r}: not a host of testbed {args.testbed} {hosts}")
+    fetch_node_assets(cfg)  # here: a testbed host has no route to the package registry
     out = Path(args.out or "outputs/calibrate/calibration.json")
     with testbed_for(cfg.testbed) as tb:
-        if tb is None or args.host not in tb.topology.hosts:
-            hosts = sorted(tb.topology.hosts) if tb else []
-            raise SystemExit(f"--host {args.host!r}: not a host of testbed {args.testbed} {hosts}")
+        assert tb is not None  # the testbed has hosts: --host is one
         with tempfile.TemporaryDirectory(prefix="calibrate-") as tmp:
             inner = [sys.executable, str(Path(__file__).resolve()),
                      *_without(argv, ("--testbed", "--host", "--out")), "--out", f"{tmp}/cal.json"]  # fmt: skip
@@ -146,7 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """The tool; a SplitlabError (a bad key, a testbed without root) is one line and its code."""
+    return tool_exit("calibrate", lambda: _calibrate(sys.argv[1:] if argv is None else argv))
+
+
+def _calibrate(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     setup_logging("calibrate", 0)
@@ -154,14 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         if not args.host:
             parser.error("--testbed needs --host")
         return run_on_testbed(args, argv)
-    try:
-        cfg = compose_config(overrides(args))
-        if args.out is None:
-            cfg.run_dir = "outputs/calibrate"
-        return run_calibrate(cfg)
-    except SplitlabError as exc:  # a config error names its key and exits 2
-        print(f"calibrate: {exc}", file=sys.stderr)
-        return int(exc.exit_code)
+    cfg = compose_config(overrides(args))
+    if args.out is None:
+        cfg.run_dir = "outputs/calibrate"
+    return run_calibrate(cfg)
 
 
 if __name__ == "__main__":
