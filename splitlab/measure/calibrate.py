@@ -428,9 +428,14 @@ def on_testbed(
     link probe is replaced by the host's link as the testbed probed it at start-up: TCP goodput
     per direction and small-message RTT through the link's delay (netem's, or the transport
     delay line's where the kernel has none: `rtt_delay_source`). alpha_ms = RTT / 2;
-    beta_ms_per_byte = 8e-3 / Mbit/s, per direction. `calibrated` is true when both
-    directions were probed; a host on the unshaped side of the switch has no link to report.
+    beta_ms_per_byte = 8e-3 / Mbit/s, per direction; bucket_bytes is the depth of the link's
+    token bucket at a degraded rate (`testbed.plan.tbf_for`: the configured `burst_kib`, else
+    the floor a rate under ~16 Mbit/s gets), which `planner=model` prices hops with.
+    `calibrated` is true when both directions were probed; a host on the unshaped side of the
+    switch has no link to report.
     """
+    from splitlab.testbed.plan import MIN_BURST_BYTES
+
     link = testbed["links"][host]
     probed, nominal = link.get("probed") or {}, link.get("nominal") or {}
     up, down, rtt = probed.get("up_mbit"), probed.get("down_mbit"), probed.get("rtt_ms")
@@ -448,6 +453,7 @@ def on_testbed(
         "alpha_ms": rtt / 2,
         "beta_ms_per_byte": 8e-3 / min(up, down),
         "beta_up_ms_per_byte": 8e-3 / up, "beta_down_ms_per_byte": 8e-3 / down,
+        "bucket_bytes": int(float(nominal.get("burst_kib") or 0) * 1024) or MIN_BURST_BYTES,
     }  # fmt: skip
     kept.append("link from the testbed's start-up probes: TCP goodput (a few % under the "
                 "shaped rate: headers) and RTT through the link's delay")  # fmt: skip

@@ -18,7 +18,13 @@ from splitlab.config.schema import TestbedLinkConfig
 from splitlab.errors import ConfigError
 from splitlab.testbed.topology import Layout, Topology, shaped
 
-MIN_BURST_BYTES = 16 << 10  # above one MTU-sized packet with room for timer slack
+# Bucket depth floor: under 2 ms at the rate, the bucket is this deep (2.7 full-size packets,
+# room for timer slack). Kept small because the kernel refills the bucket whenever the shaper
+# is changed: a drifting link (drift=link_degrade, a rate change every few tokens) would hand
+# out this much at line rate after every change. At 16 KiB (the floor until stop 30) a link
+# falling to 0.07 Mbit/s passed a ring's 2.3 KB hidden states in ~65 ms a token where its
+# rate allows one per 250 ms: the degrading link cost the ring nothing for 40 tokens.
+MIN_BURST_BYTES = 4 << 10
 MIN_QUEUE_BYTES = 64 << 10
 BURST_S = 0.002  # default bucket depth: this long at the link's rate
 QUEUE_S = 0.050  # default queue bound: this long at the link's rate

@@ -215,6 +215,7 @@ class Testbed:
                     "down_mbit": lk.down_mbit,
                     "delay_ms": lk.delay_ms,
                     "jitter_ms": lk.jitter_ms,
+                    "burst_kib": lk.burst_kib,
                 },  # fmt: skip
                 "probed": {
                     **(self.rtts[host].to_dict() if host in self.rtts else {"rtt_ms": None}),

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from splitlab.analysis.fits import CalibrationResult
@@ -40,6 +42,10 @@ def test_a_shaped_host_is_calibrated_with_its_probed_link() -> None:
     assert link["alpha_ms"] == pytest.approx(25.1)  # RTT / 2, the delay line in the probe's path
     assert link["beta_up_ms_per_byte"] == pytest.approx(8e-3 / 19.0)
     assert link["beta_ms_per_byte"] == pytest.approx(8e-3 / 9.5)  # the slower direction
+    assert link["bucket_bytes"] == 4096  # the shaper's floor: no burst_kib configured
+    deep = copy.deepcopy(TESTBED)
+    deep["links"]["edge1"]["nominal"]["burst_kib"] = 64.0
+    assert (on_testbed(LOOPBACK, host="edge1", testbed=deep).link or {})["bucket_bytes"] == 65536
     assert not any("NOT A LINK" in w or "target device" in w for w in result.warnings)
     assert "thermal is null: no sensors" in result.warnings
     assert any("host edge1 (cpu 0.5, 1 threads)" in w for w in result.warnings)
