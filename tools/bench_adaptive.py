@@ -17,8 +17,8 @@ the noise of a shared host); the default phi = 3 makes the 10/10/10 split cost 1
 
 Reported: per arm the median over repetitions of the mean TPOT over the decode tokens after
 the first window (the planner has no statistics before it), also with the barrier and migration
-pauses added (`effective`), each planner's ratio over noop (target <= 1.0) and model over adaptive
-(target <= 1.0), each planner's final cuts and blocks on the slow stage before/after, and
+pauses added (`effective`), each planner's ratio over noop and model over adaptive on both (the
+targets, <= 1.0, on `effective`: the pauses a planner causes are its cost), each planner's final cuts and blocks on the slow stage before/after, and
 whether every run emitted the same tokens.
 
 `--testbed ring3_edge` (as root) runs the stages inside the testbed's hosts (one testbed for
@@ -231,15 +231,17 @@ def run_scenario(base: list[str], *, args: Any, drift: dict, steady: dict | None
                                            slow_stage=args.slow_stage)  # fmt: skip
     report.add_result(**summary)
     suffix = "" if name == "one_slow_node" else f"_{name}"
+    # targets on the effective TPOT: a planner's barrier and migration pauses are its cost (on
+    # TPOT alone, a move that paused the ring for 20 s to save 5 ms a token would "win")
     for arm in planners:
         report.add_ratio(f"{arm}_over_noop_tpot{suffix}", med[arm] / med["noop"])
         report.add_ratio(f"{arm}_over_noop_effective{suffix}", eff[arm] / eff["noop"])
-        report.add_target(f"{arm}_over_noop_tpot{suffix}", med[arm] / med["noop"], 1.0, "<=")
+        report.add_target(f"{arm}_over_noop_effective{suffix}", eff[arm] / eff["noop"], 1.0, "<=")
     if {"model", "adaptive"} <= set(planners):
         report.add_ratio(f"model_over_adaptive_tpot{suffix}", med["model"] / med["adaptive"])
-        report.add_target(
-            f"model_over_adaptive_tpot{suffix}", med["model"] / med["adaptive"], 1.0, "<="
-        )
+        report.add_ratio(f"model_over_adaptive_effective{suffix}", eff["model"] / eff["adaptive"])
+        report.add_target(f"model_over_adaptive_effective{suffix}", eff["model"] / eff["adaptive"],
+                          1.0, "<=")  # fmt: skip
     print(json.dumps(summary, indent=1), file=sys.stderr)
     return summary
 

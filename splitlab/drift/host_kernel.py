@@ -87,6 +87,20 @@ class KernelSensors:
         return {**out, **({f"link_{k}": v for k, v in link.items()} if link else {})}
 
 
+def cpu_budget_cores(env: Mapping[str, str] = os.environ) -> float | None:
+    """This process's host's CPU budget in cores (its cgroup's quota over period), read now;
+    None off a testbed, for an unlimited host, or when the files cannot be read."""
+    where = env.get(HOST_CPU_CGROUP_ENV)
+    if not where:
+        return None
+    try:
+        quota = int(Path(where, "cpu.cfs_quota_us").read_text())
+        period = int(Path(where, "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return quota / period if quota > 0 and period > 0 else None
+
+
 def kernel_sensors(env: Mapping[str, str] = os.environ) -> KernelSensors | None:
     """This process's host's kernel sensors when it runs on a testbed host, else None."""
     where = env.get(HOST_CPU_CGROUP_ENV)

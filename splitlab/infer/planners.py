@@ -28,8 +28,9 @@ parameters (`splitlab.config.schema`); `make_planner(cfg)` builds one from that 
   runs over the stages that own blocks, and a skipped stage takes a block back at `link_high`.
 - `model` (`ModelPlanner`): the same stage model from a calibration (`Calibration`: decode fit,
   L_n, link latency and per-byte time; defaults named where the file is silent) corrected by
-  the observations (compute trend from q_cmp_obs, each hop's bytes over its link at link_obs,
-  no blocks to a stage at q_mem_obs >= `mem_high`), and a migration cost (L_n summed over
+  the observations (compute trend from q_cmp_obs, each hop's bytes over its link at link_obs
+  carried on over the horizon at its trend, a shaped link's token bucket, no blocks to a stage
+  at q_mem_obs >= `mem_high`), and a migration cost (L_n summed over
   receivers, the moved KV over each donor's link) against the gain over `horizon_tokens` or
   the tokens left; it jumps to the best cuts one reconfiguration reaches, not one block.
 
@@ -38,6 +39,7 @@ parameters (`splitlab.config.schema`); `make_planner(cfg)` builds one from that 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -73,6 +75,10 @@ class StageStats:
     tokens: int = 0  # decode tokens the means cover
     send_bytes: float = 0.0  # payload bytes the stage sent on the ring per token (its hop)
     kv_bytes_per_block_token: int = 0  # KV bytes of one block per cached token (0: unknown)
+    link_rise_per_token: float | None = None  # its link slowdown's rise since its last observation
+    link_obs_token: int | None = None  # the token its observation (link_obs, the rise) is from
+    cpu_cores: float | None = None  # its host's CPU budget (cgroup quota; None: unlimited)
+    threads: int = 1  # threads its compute runs on
 
     @classmethod
     def from_dict(cls, stage: int, d: Mapping[str, Any]) -> StageStats | None:
@@ -81,8 +87,19 @@ class StageStats:
                         compute_ms=float(d["compute_ms"]), real_ms=float(d["real_ms"]),
                         blocks_ms=float(d["blocks_ms"]), tokens=int(d.get("tokens", 0)),
                         send_bytes=float(d.get("send_bytes", 0.0)),
-                        kv_bytes_per_block_token=int(d.get("kv_bytes_per_block_token", 0)))  # fmt: skip
+                        kv_bytes_per_block_token=int(d.get("kv_bytes_per_block_token", 0)),
+                        link_rise_per_token=(None if d.get("link_rise_per_token") is None
+                                             else float(d["link_rise_per_token"])),
+                        link_obs_token=(None if d.get("link_obs_token") is None
+                                        else int(d["link_obs_token"])),
+                        cpu_cores=None if d.get("cpu_cores") is None else float(d["cpu_cores"]),
+                        threads=int(d.get("threads", 1)))  # fmt: skip
         except (KeyError, TypeError, ValueError):
+            return None
+        if stats.link_rise_per_token is not None and not math.isfinite(stats.link_rise_per_token):
+            return None
+        if stats.threads < 1 or (stats.cpu_cores is not None
+                                 and not (math.isfinite(stats.cpu_cores) and stats.cpu_cores > 0)):  # fmt: skip
             return None
         values = (stats.compute_ms, stats.real_ms, stats.blocks_ms, stats.send_bytes)
         if (stats.tokens < 1 or stats.kv_bytes_per_block_token < 0
@@ -438,8 +455,9 @@ class Calibration:
     fit, read by `analysis.fits.load_cost`; else its one-block `weight_load_ms`; else a
     default); `link_alpha_ms + bytes * link_beta_ms_per_byte` a message over a nominal link
     (the record's `link` fit: calibrate a testbed host with `calibrate.py --testbed`, since
-    the loopback probe measures memcpy, not a link). `defaults` names each part that is not
-    from the file.
+    the loopback probe measures memcpy, not a link). `link_bucket_bytes` is the depth of the
+    token bucket that shapes the link (the record's `link.bucket_bytes`; 0: none, a serial
+    link): see `hop_ms`. `defaults` names each part that is not from the file.
     """
 
     decode: CostModel | None = None
@@ -447,6 +465,7 @@ class Calibration:
     load_c1_ms: float = DEFAULT_LOAD_MS_PER_BLOCK
     link_alpha_ms: float = DEFAULT_LINK_ALPHA_MS
     link_beta_ms_per_byte: float = DEFAULT_LINK_BETA_MS_PER_BYTE
+    link_bucket_bytes: float = 0.0
     defaults: tuple[str, ...] = ("decode", "load", "link")
 
     def load_ms(self, num_blocks: int) -> float:
@@ -456,6 +475,23 @@ class Calibration:
         """One message of `nbytes` over a link at `link` (0, 1] of its nominal rate: the
         latency stays, the bytes take 1/link as long."""
         return self.link_alpha_ms + nbytes * self.link_beta_ms_per_byte / link
+
+    def hop_ms(self, nbytes: float, link: float) -> tuple[float, float]:
+        """One hop's message of `nbytes` per token at `link` of the nominal rate, as (the time
+        it adds to every token's path, the shortest token period the link sustains).
+
+        A serial link (no bucket) adds the whole message, latency and bytes. A token bucket
+        `link_bucket_bytes` deep fills at the link's rate while the rest of the ring works: a
+        message that fits in it passes at line speed once the bucket has refilled, so it adds
+        only the latency, and the link bounds the token period at bytes / rate instead (what
+        a shaper does to a ring: at 1/1000 of 100 Mbit/s a 2.3 KB hidden state allows one token
+        per ~190 ms, but costs nothing while tokens take longer than that). A message deeper than
+        the bucket adds what overflows it."""
+        per_byte = self.link_beta_ms_per_byte / link
+        if self.link_bucket_bytes <= 0:
+            return self.message_ms(nbytes, link), 0.0
+        over = max(0.0, nbytes - self.link_bucket_bytes)
+        return self.link_alpha_ms + over * per_byte, nbytes * per_byte
 
     def context_growth(self, context: int, horizon_tokens: int) -> float:
         """A block's decode time over the next half horizon relative to now (1.0 uncalibrated)."""
@@ -500,8 +536,16 @@ class Calibration:
         if not all(math.isfinite(v) and v >= 0 for v in (alpha, beta)):
             alpha, beta = DEFAULT_LINK_ALPHA_MS, DEFAULT_LINK_BETA_MS_PER_BYTE
             defaults.append("link")
+        try:
+            bucket = float(link.get("bucket_bytes") or 0.0)
+        except (TypeError, ValueError):
+            bucket = math.nan
+        if not (math.isfinite(bucket) and bucket >= 0):
+            raise ConfigError(f"{key}={path}: link.bucket_bytes={link.get('bucket_bytes')!r} "
+                              "must be a number >= 0")  # fmt: skip
         return cls(decode=decode, load_c0_ms=l0, load_c1_ms=l1, link_alpha_ms=alpha,
-                   link_beta_ms_per_byte=beta, defaults=tuple(defaults))  # fmt: skip
+                   link_beta_ms_per_byte=beta, link_bucket_bytes=bucket,
+                   defaults=tuple(defaults))  # fmt: skip
 
 
 def compute_trend(prev: Mapping[str, float] | None, now: Mapping[str, float] | None) -> float:
@@ -551,20 +595,23 @@ class ModelPlanner:
     trend (`compute_trend`: q_cmp_obs now over the barrier before) and, for the blocks, by the
     calibrated decode fit's growth with context over the next half horizon. The measured block
     time, not the calibrated one, carries a real slowdown (a CPU quota cut, contention), which a
-    calibration taken elsewhere cannot know. Each hop costs one message of the bytes its
-    sender put on the ring per token (measured) over the sender's link at its link_obs
-    (`Calibration.message_ms`). The ring carries every token over every hop whatever the cuts,
-    so a slow link adds to the predicted TPOT but no cut set removes it (unless `bypass` lets
-    the ring skip the stage behind it): the planner holds rather than pay a migration for
-    nothing. A stage whose q_mem_obs is at or over `mem_high` is given no blocks (its memory
-    is what is short). Among the cut sets one reconfiguration reaches (every block moves at
-    most one stage, so several blocks and both boundaries at once), the target minimises
-    `horizon x TPOT + migration`: the migration is L_n summed over the receivers plus the
-    moved blocks' KV (blocks x context x KV bytes per block and token, as the donors report)
-    crossing each donor's own link, and the horizon is `horizon_tokens`, or the tokens the
-    generation has left when fewer (a move that pays back over 200 tokens is a loss in the
-    last 50). It moves only when the gain beats `hysteresis` (relative) and, over the horizon,
-    the migration cost.
+    calibration taken elsewhere cannot know. Each hop is one message of the bytes its sender
+    put on the ring per token (measured) over the sender's link at its link_obs
+    (`Calibration.hop_ms`: on a serial link it adds latency and bytes to the token's path; on
+    a shaped one, a token bucket, it adds the latency and bounds the token period at bytes /
+    rate), and a link is priced over the whole horizon, its slowdown carried on at the rise it
+    showed since the barrier before (`link_outlook`). The ring carries every token over every
+    hop whatever the cuts, so a slow link adds to the predicted TPOT but no cut set removes it
+    (unless `bypass` lets the ring skip the stage behind it): the planner holds rather than pay
+    a migration for nothing. A stage whose q_mem_obs is at or over `mem_high` is given no
+    blocks (its memory is what is short). Among the cut sets one reconfiguration reaches
+    (every block moves at most one stage, so several blocks and both boundaries at once), the
+    target minimises `horizon x mean TPOT + migration`: the migration is L_n summed over the
+    receivers plus the moved blocks' KV (blocks x context x KV bytes per block and token, as
+    the donors report) crossing each donor's own link at its rate a token on, and the horizon
+    is `horizon_tokens`, or the tokens the generation has left when fewer (a move that pays
+    back over 200 tokens is a loss in the last 50). It moves only when the gain beats
+    `hysteresis` (relative) and, over the horizon, the migration cost.
     """
 
     calibration: Calibration = field(default_factory=Calibration)
@@ -576,18 +623,29 @@ class ModelPlanner:
     bypass: bool = False  # `architecture.bypass`: a middle stage may be left without blocks
     confirm: int = 1  # barriers in a row that must pick the same target before it moves
     pending: tuple[tuple[int, ...], int] | None = None  # (target, barriers it was picked at)
+    last_token: int | None = None  # the barrier before's token: the link outlook's slope
 
     def decide(self, view: WindowView) -> Decision:
         """`_decide`, moving only once a move paid `confirm` barriers in a row: one window's
         measurements on a loaded host can mislead a planner that jumps (a tail whose block time
-        read low took eight blocks, then ran 3x slower). What must hold again is the move, not
+        read low took eight blocks, then ran 3x slower). A move that would not pay with every
+        link at its nominal rate is made at once: it is the links' observed rates that ask for
+        it, not a window's timings (waiting a barrier on a falling link sends the moved KV
+        over a slower one). What must hold again is the move, not
         the argmin: when this barrier's best differs from the pending target but the pending
         one still pays (gain over `hysteresis` and the migration, on this barrier's figures),
         the count goes on toward the pending target; near-equal cut sets that trade places
         from one noisy window to the next would otherwise never be confirmed."""
         prev, self.last_obs = self.last_obs, tuple(view.obs)
-        decision = self._decide(view, prev)
+        since = None if self.last_token is None else view.token - self.last_token
+        self.last_token = view.token
+        decision = self._decide(view, prev, since)
         if not decision.moves(view.cuts):
+            self.pending = None
+            return decision
+        if not self._decide(view, prev, since, only=decision.cuts, nominal_links=True).moves(
+            view.cuts
+        ):  # it pays only for the links: their rates are readings, not one window's timings
             self.pending = None
             return decision
         seen = 1
@@ -596,7 +654,7 @@ class ModelPlanner:
             if target == decision.cuts:
                 seen = count + 1
             else:
-                again = self._decide(view, prev, only=target)
+                again = self._decide(view, prev, since, only=target)
                 if again.moves(view.cuts):
                     decision, seen = again, count + 1
         if seen < self.confirm:
@@ -611,10 +669,13 @@ class ModelPlanner:
         self,
         view: WindowView,
         prev: tuple[dict[str, float] | None, ...],
+        since: int | None,
         only: tuple[int, ...] | None = None,
+        nominal_links: bool = False,
     ) -> Decision:
         """The best target on this barrier's figures (`prev`: the observations of the barrier
-        before); with `only`, whether moving to that one cut set pays."""
+        before, `since` tokens ago); with `only`, whether moving to that one cut set pays; with
+        `nominal_links`, as if every link were at its nominal rate."""
         stats = list(view.stats)
         current, num_layers = tuple(view.cuts), view.num_layers
         held = stage_blocks(current, num_layers)  # 0: a skipped stage (bypass), no statistics
@@ -637,14 +698,20 @@ class ModelPlanner:
             measured.append((fixed * trend, rate * trend * growth))
         models = [m if m is not None else (0.0, _neighbour_rate(measured, s))
                   for s, m in enumerate(measured)]  # fmt: skip
-        links = [link_trend(p, o) if self.bypass else link_factor(o)
-                 for p, o in zip(prev_obs, obs, strict=True)]  # fmt: skip
+        outlook = [(1.0, 0.0) if nominal_links else _from_now(
+                       link_outlook(p, o, since, None if st is None else st.link_rise_per_token),
+                       view.token - st.link_obs_token if st and st.link_obs_token is not None
+                       else 0)
+                   for p, o, st in zip(prev_obs, obs, stats, strict=True)]  # fmt: skip
+        offsets = horizon_samples(horizon)
         # a skipped stage sent nothing in the window: back on the ring it sends a hidden state
         hidden = max((st.send_bytes for st in stats[:-1] if st is not None), default=0.0)
-        hop_ms = [self.calibration.message_ms(hidden if st is None else st.send_bytes, f)
-                  for st, f in zip(stats, links, strict=True)]  # fmt: skip
+        sent = [hidden if st is None else st.send_bytes for st in stats]
+        hops = [[self.calibration.hop_ms(b, 1.0 / (slow + rise * t)) for t in offsets]
+                for b, (slow, rise) in zip(sent, outlook, strict=True)]  # fmt: skip
         full = [q for q, o in enumerate(obs) if (o or {}).get("q_mem_obs", 0.0) >= self.mem_high]
 
+        @functools.cache
         def times(cuts: tuple[int, ...]) -> tuple[float, ...]:
             """Per stage; with bypass a stage without blocks is skipped: no time, no hop."""
             out = predict(cuts, models, num_layers)
@@ -653,33 +720,56 @@ class ModelPlanner:
             return tuple(t if b else 0.0 for t, b in zip(out, stage_blocks(cuts, num_layers),
                                                          strict=True))  # fmt: skip
 
-        def link_ms(cuts: tuple[int, ...]) -> float:
-            if not self.bypass:
-                return sum(hop_ms)  # every token crosses every hop whatever the cuts
-            return sum(h for h, b in zip(hop_ms, stage_blocks(cuts, num_layers), strict=True) if b)
+        # a stage on a CPU budget (a cgroup quota under its threads) computes at most `cores`
+        # of a core's time per token period: its compute bounds the period at time x threads
+        # / cores (20 SmolLM2 blocks, 57 ms, on a 0.5-core host: tokens of >= 114 ms)
+        duty = [st.threads / st.cpu_cores if st is not None and st.cpu_cores is not None
+                and st.cpu_cores < st.threads else 0.0 for st in stats]  # fmt: skip
 
+        @functools.cache
+        def link_samples(on: tuple[bool, ...]) -> list[tuple[float, float]]:
+            """Per horizon sample, with the stages `on` the ring: (what their hops add to the
+            path, the longest period one of their links sets)."""
+            out = []
+            for i in range(len(offsets)):
+                sample = [hop[i] for hop, b in zip(hops, on, strict=True) if b]
+                out.append((sum(h[0] for h in sample), max(h[1] for h in sample)))
+            return out
+
+        @functools.cache
         def tpot(cuts: tuple[int, ...]) -> float:
-            return sum(times(cuts)) + link_ms(cuts)
+            """Mean over the horizon of the stages' times plus what the hops add to a token's
+            path, or the period the slowest link (`hop_ms`) or CPU budget allows if longer."""
+            on = (tuple(b > 0 for b in stage_blocks(cuts, num_layers)) if self.bypass
+                  else (True,) * len(stats))  # fmt: skip
+            t = times(cuts)
+            base = sum(t)
+            quota = max(x * d for x, d in zip(t, duty, strict=True))
+            samples = link_samples(on)
+            return sum(max(base + path, bound, quota) for path, bound in samples) / len(samples)
+
+        def link_ms(cuts: tuple[int, ...]) -> float:
+            return tpot(cuts) - sum(times(cuts))
 
         def migration(cuts: tuple[int, ...]) -> float:
             """L_n summed over the receivers, and the moved blocks' KV leaving each donor over
-            its own link."""
+            its own link (at its rate one token from now)."""
             ms = sum(map(self.calibration.load_ms, blocks_received(current, cuts, num_layers)))
             for d, n in enumerate(blocks_given(current, cuts, num_layers)):
                 if n:
                     kv = n * view.context * stats[d].kv_bytes_per_block_token  # type: ignore[union-attr]
-                    ms += self.calibration.message_ms(kv, links[d])
+                    slow, rise = outlook[d]
+                    ms += self.calibration.message_ms(kv, 1.0 / (slow + rise))
             return ms
 
         def cost(cuts: tuple[int, ...]) -> tuple[float, float, bool]:
             return (horizon * tpot(cuts) + migration(cuts), max(times(cuts)),
                     cuts != current)  # fmt: skip
 
-        candidates = [
-            c for c in self._candidates(current, num_layers)
-            if not any(blocks_received(current, c, num_layers)[q] for q in full)
-            and (only is None or c in (current, only))
-        ]  # fmt: skip
+        reached = (self._candidates(current, num_layers) if only is None
+                   else [c for c in (current, only) if c in self._candidates(current, num_layers)])  # fmt: skip
+        candidates = [c for c in reached
+                      if not any(blocks_received(current, c, num_layers)[q] for q in full)]  # fmt: skip
         target = min(candidates, key=cost, default=current)
         ideal = min(candidates, default=current,
                     key=lambda c: (tpot(c), max(times(c)), c != current))  # fmt: skip
@@ -704,13 +794,21 @@ class ModelPlanner:
                         f"{said})", times(target))  # fmt: skip
 
     def _candidates(self, current: tuple[int, ...], num_layers: int) -> list[tuple[int, ...]]:
-        """Cut sets one reconfiguration reaches: every block moves at most one stage; with
-        bypass a middle stage may be emptied (never moving a block over a skipped stage)."""
-        if not self.bypass:
-            return [c for c in itertools.combinations(range(1, num_layers), len(current))
-                    if reachable(current, c, num_layers)]  # fmt: skip
-        return [c for c in itertools.combinations_with_replacement(range(1, num_layers), len(current))
-                if reachable(current, c, num_layers) and _moves_ok(current, c, num_layers)]  # fmt: skip
+        return reachable_cuts(current, num_layers, self.bypass)
+
+
+@functools.lru_cache(maxsize=64)
+def reachable_cuts(
+    current: tuple[int, ...], num_layers: int, bypass: bool
+) -> list[tuple[int, ...]]:
+    """Cut sets one reconfiguration reaches: every block moves at most one stage; with bypass
+    a middle stage may be emptied (never moving a block over a skipped stage). Cached: the
+    cuts change at a move, not at every barrier (enumerating them was ~half of a decision)."""
+    if not bypass:
+        return [c for c in itertools.combinations(range(1, num_layers), len(current))
+                if reachable(current, c, num_layers)]  # fmt: skip
+    return [c for c in itertools.combinations_with_replacement(range(1, num_layers), len(current))
+            if reachable(current, c, num_layers) and _moves_ok(current, c, num_layers)]  # fmt: skip
 
 
 def _neighbour_rate(models: Sequence[tuple[float, float] | None], s: int) -> float:
@@ -720,14 +818,41 @@ def _neighbour_rate(models: Sequence[tuple[float, float] | None], s: int) -> flo
     return min(rates, default=0.0)
 
 
-def link_trend(prev: Mapping[str, float] | None, now: Mapping[str, float] | None) -> float:
-    """A stage's link factor over the next window: the observed one, and when it fell since
-    the barrier before, fallen once more by the same ratio (a falling link is worth leaving
-    while its state can still cross it fast); never above the observation."""
-    f1 = link_factor(now)
-    if not math.isfinite((prev or {}).get("link_obs", math.nan)):
-        return f1  # nothing to compare with
-    return f1 * min(1.0, f1 / link_factor(prev))
+def link_outlook(prev: Mapping[str, float] | None, now: Mapping[str, float] | None,
+                 since: int | None, rise: float | None = None) -> tuple[float, float]:  # fmt: skip
+    """A stage's link over the tokens ahead: (its slowdown 1 / link_obs now, the slowdown's
+    rise per token), the link at `1 / (slowdown + rise x t)` t tokens on. The rise is what
+    the stage measured between its last two observations (`rise`, its ACK's
+    `link_rise_per_token`: from decode start at the first barrier), else the slowdown's
+    change since the barrier before, `since` tokens ago; it is carried on in a straight line:
+    a falling link keeps falling (drift=link_degrade's slowdown rises linearly), and over a
+    long horizon most of its cost is still to come. A rise in rate is not projected: a
+    recovering link is trusted only as far as it has recovered."""
+    slow = 1.0 / link_factor(now)
+    if rise is not None:
+        return slow, max(0.0, rise)
+    if not since or since <= 0 or not math.isfinite((prev or {}).get("link_obs", math.nan)):
+        return slow, 0.0  # nothing to compare with
+    return slow, max(0.0, (slow - 1.0 / link_factor(prev)) / since)
+
+
+def _from_now(outlook: tuple[float, float], lag: int) -> tuple[float, float]:
+    """An outlook observed `lag` tokens before the barrier a decision is for (a decision taken
+    a window ahead sees the ACKs of the barrier before), carried on to that barrier."""
+    slow, rise = outlook
+    return slow + rise * max(0, lag), rise
+
+
+HORIZON_SAMPLES = 16  # tokens of the horizon at which the link outlook is priced
+
+
+def horizon_samples(horizon: int) -> list[float]:
+    """Token offsets (midpoints of equal parts) at which a `horizon`-token outlook is priced:
+    exact for a cost linear in the token, close for one with a kink; [0] for no horizon."""
+    if horizon <= 0:
+        return [0.0]
+    k = min(horizon, HORIZON_SAMPLES)
+    return [(j + 0.5) * horizon / k for j in range(k)]
 
 
 def blocks_given(old: Sequence[int], new: Sequence[int], num_layers: int) -> list[int]:

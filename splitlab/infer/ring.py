@@ -44,6 +44,7 @@ from typing import Any, Protocol
 import torch
 
 from splitlab.drift.contract import DriftSource
+from splitlab.drift.host_kernel import cpu_budget_cores
 from splitlab.drift.inject import inject
 from splitlab.errors import AbortedError, ConfigError, ExitCode, PeerLostError, ProtocolError
 from splitlab.infer.compute import StageCompute
@@ -184,7 +185,9 @@ class RingStage:
         self.peers = dict(peers) if peers else None  # bypass: a channel to every other stage
         self.control, self.drift = control, drift
         self.stats = WindowStats(
-            kv_bytes_per_block_token=getattr(compute, "bytes_per_token_kv", None)
+            kv_bytes_per_block_token=getattr(compute, "bytes_per_token_kv", None),
+            cpu_cores=cpu_budget_cores,
+            threads=torch.get_num_threads(),
         )
         self.tracer = tracer or Tracer.null()
         self.strict_parity, self.timeout_s, self.session = strict_parity, timeout_s, session
@@ -289,7 +292,13 @@ class RingStage:
         return out, compute_ms, real_ms
 
     def _at_barrier(self, step: int) -> bool:
-        return self.control is not None and step > 0 and step % self.control.window == 0
+        """True at a window barrier; after prefill (step 0), the control's link observation
+        that the first window's trend starts from."""
+        if self.control is None:
+            return False
+        if step == 0:
+            self.control.begin(step)
+        return step > 0 and step % self.control.window == 0
 
     def _after_send(self) -> None:
         if self.control is not None:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -84,6 +85,10 @@ class WindowStats:
     send_bytes: list[int] = field(default_factory=list)  # payload sent on the ring per token
     # KV bytes of one block per cached token (the stage's compute knows; None: a model-free one)
     kv_bytes_per_block_token: Callable[[], int] | None = None
+    # the host's CPU budget in cores, read at each barrier (a testbed host's cgroup quota, which
+    # drift may change mid-run; None: unlimited), and the threads its compute runs on
+    cpu_cores: Callable[[], float | None] | None = None
+    threads: int = 1
 
     def add(self, *, compute_ms: float, real_ms: float, blocks_ms: float) -> None:
         self.compute_ms.append(compute_ms)
@@ -98,11 +103,13 @@ class WindowStats:
             return {}
         mean = statistics.fmean
         kv = self.kv_bytes_per_block_token() if self.kv_bytes_per_block_token and num_blocks else 0
+        cores = self.cpu_cores() if self.cpu_cores else None
         return {"num_blocks": num_blocks, "tokens": len(self.compute_ms),
                 "compute_ms": mean(self.compute_ms), "real_ms": mean(self.real_ms),
                 "blocks_ms": mean(self.blocks_ms),
                 "send_bytes": mean(self.send_bytes) if self.send_bytes else 0.0,
-                "kv_bytes_per_block_token": kv}  # fmt: skip
+                "kv_bytes_per_block_token": kv, "threads": self.threads,
+                **({"cpu_cores": cores} if cores else {})}  # fmt: skip
 
     def reset(self) -> None:
         self.compute_ms.clear()
@@ -134,6 +141,34 @@ class GcClock:
             cls._t0 = time.perf_counter()
         else:
             cls.total_ms += (time.perf_counter() - cls._t0) * 1e3
+
+
+class LinkRise:
+    """How fast a stage's link is falling: the rise per token of its slowdown (1 / link_obs)
+    between two of its observations, which the ACK carries (`link_rise_per_token`) so that
+    `planner=model` sees a trend at the first barrier, from the observation at decode start."""
+
+    def __init__(self) -> None:
+        self.last: tuple[int, float] | None = None  # (token, slowdown) of the last observation
+
+    def mark(self, step: int, obs: Mapping[str, float] | None) -> float | None:
+        """Record the observation at `step`; the rise since the one before (None: no link
+        observed, or nothing to compare with)."""
+        value = (obs or {}).get("link_obs", math.nan)
+        if not (math.isfinite(value) and value > 0):
+            self.last = None
+            return None
+        slow, last = 1.0 / min(1.0, value), self.last
+        self.last = (step, slow)
+        return (slow - last[1]) / (step - last[0]) if last and step > last[0] else None
+
+
+def with_rise(summary: dict[str, Any], rise: float | None, step: int) -> dict[str, Any]:
+    """A window summary with the link's rise and the token it was observed at (the planner
+    projects from there to the barrier its decision is for) added, when both exist."""
+    if not summary or rise is None:
+        return summary
+    return {**summary, "link_rise_per_token": rise, "link_obs_token": step}
 
 
 def observe(drift: DriftSource | None, token: int) -> dict[str, float] | None:
@@ -206,7 +241,12 @@ class StageControl:
         self.fault = fault  # testing only: "nack" refuses every epoch, "hang" stalls in pre-stage
         self.state = StageBarrier(stage)
         self.deferred = _Deferred(self.tracer, migrator)
+        self.link = LinkRise()
         GcClock.install()
+
+    def begin(self, step: int) -> None:
+        """Decode starts at `step`: the link observation the first window's trend starts from."""
+        self.link.mark(step, observe(self.drift, step))
 
     def _await_propose(self) -> Propose | None:
         """The next PROPOSE, or None on CLOSE."""
@@ -258,6 +298,7 @@ class StageControl:
         action = self.state.on_message(msg)
         assert action is StageAction.PRESTAGE, action
         propose, report, answer = msg, PrestageReport(), None
+        rise = self.link.mark(step, obs)
         try:
             if self.fault == "hang":
                 time.sleep(3600)
@@ -265,7 +306,8 @@ class StageControl:
             if self.fault == "nack":  # pre-staged (its KV went out), then refuses
                 raise ProtocolError("refusing every epoch (fault injection)")
             blocks = stage_blocks(self.migrator.cuts, self.migrator.num_layers)[self.stage]
-            answer = Ack(epoch=msg.epoch, stage=self.stage, obs=obs, stats=stats.summary(blocks),
+            answer = Ack(epoch=msg.epoch, stage=self.stage, obs=obs,
+                         stats=with_rise(stats.summary(blocks), rise, step),
                          prestage_ms=(time.perf_counter() - t0) * 1e3)  # fmt: skip
         except Exception as exc:
             self.migrator.abort()
@@ -345,6 +387,11 @@ class HeadControl:
         # build the blocks it moves while the ring decodes (`Migrator.prepare`).
         self.prepare_ahead = prepare_ahead
         self._ahead: tuple[int, int, tuple[int, ...], Decision] | None = None
+        self.link = LinkRise()
+
+    def begin(self, step: int) -> None:
+        """Decode starts at `step`: the link observation the first window's trend starts from."""
+        self.link.mark(step, observe(self.drift, step))
 
     def _view(self, *, token: int, cuts: tuple[int, ...], context: int,
               remaining: int | None) -> WindowView:  # fmt: skip
@@ -413,12 +460,14 @@ class HeadControl:
         except PeerLostError as exc:
             raise self._fail(epoch, str(exc), exc) from exc
         obs = observe(self.drift, step)
+        rise = self.link.mark(step, obs)
         t1 = time.perf_counter()
         report = PrestageReport()
         try:
             report = migrator.prestage(decision.cuts, pos=pos, epoch=epoch)
             blocks = stage_blocks(migrator.cuts, migrator.num_layers)[0]
-            own: Ack | Nack = Ack(epoch=epoch, stage=0, obs=obs, stats=stats.summary(blocks))
+            own: Ack | Nack = Ack(epoch=epoch, stage=0, obs=obs,
+                                  stats=with_rise(stats.summary(blocks), rise, step))  # fmt: skip
         except Exception as exc:
             migrator.abort()
             own = Nack(epoch=epoch, stage=0, reason=prestage_error(0, exc))

@@ -41,3 +41,7 @@ def test_model_planner_moves_off_the_slow_stage_and_keeps_every_token(tiny9) -> 
     assert [stats[s]["send_bytes"] for s in ("0", "1", "2")] == [hidden, hidden, 8]
     kv = computes[0].bytes_per_token_kv()
     assert kv > 0 and all(stats[s]["kv_bytes_per_block_token"] == kv for s in ("0", "1", "2"))
+    # each link's trend, from the first barrier on (the observation at decode start): flat here
+    first = next(w["stats"] for w in result.windows if w["stats"])
+    assert all(w[s]["link_rise_per_token"] == 0.0 for w in (first, stats) for s in ("0", "1", "2"))
+    assert all(first[s]["link_obs_token"] == 5 for s in ("0", "1", "2"))  # the first barrier

@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 
 from splitlab.drift.host_kernel import (
+    HOST_CPU_CGROUP_ENV,
+    cpu_budget_cores,
     parse_cpu_cgroup,
     parse_tc_stats,
     throttled_fraction,
@@ -37,6 +39,17 @@ def test_cpu_cgroup_reads_quota_in_cores_and_throttling() -> None:
     assert got == {"cpu_quota_cores": 0.5, "nr_periods": 200, "nr_throttled": 150,
                    "throttled_ms": 2500.0}  # fmt: skip
     assert parse_cpu_cgroup("-1", "100000", stat)["cpu_quota_cores"] is None
+
+
+def test_cpu_budget_is_read_from_the_hosts_cgroup_at_each_call(tmp_path) -> None:
+    env = {HOST_CPU_CGROUP_ENV: str(tmp_path)}
+    (tmp_path / "cpu.cfs_period_us").write_text("100000\n")
+    (tmp_path / "cpu.cfs_quota_us").write_text("50000\n")
+    assert cpu_budget_cores(env) == pytest.approx(0.5)
+    (tmp_path / "cpu.cfs_quota_us").write_text("-1\n")  # drift lifted the quota
+    assert cpu_budget_cores(env) is None
+    assert cpu_budget_cores({}) is None  # off a testbed
+    assert cpu_budget_cores({HOST_CPU_CGROUP_ENV: str(tmp_path / "gone")}) is None
 
 
 def test_throttled_fraction_is_per_period_between_readings() -> None:

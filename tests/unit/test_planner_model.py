@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -21,10 +22,12 @@ from splitlab.infer.planners import (
     blocks_given,
     blocks_received,
     compute_trend,
-    link_trend,
+    horizon_samples,
+    link_outlook,
     make_planner,
     reachable,
 )
+from splitlab.infer.window import LinkRise
 
 HIDDEN_BYTES, TOKEN_BYTES, KV_BYTES = 2304, 8, 1536  # SmolLM2's hidden state, token id, KV
 
@@ -42,11 +45,11 @@ def _obs(q_cmp: float = 0.5, q_mem: float = 0.4, link: float = 1.0) -> dict[str,
 
 
 def _view(cuts, phis=(1.0, 1.0, 1.0), obs=None, num_layers=30, context=8,
-          remaining=None) -> WindowView:  # fmt: skip
+          remaining=None, token=40) -> WindowView:  # fmt: skip
     bounds = [0, *cuts, num_layers]
     stats = tuple(_stats(s, bounds[s + 1] - bounds[s], phi=p, tail=s == len(phis) - 1)
                   for s, p in enumerate(phis))  # fmt: skip
-    return WindowView(token=40, cuts=tuple(cuts), num_layers=num_layers, stats=stats,
+    return WindowView(token=token, cuts=tuple(cuts), num_layers=num_layers, stats=stats,
                       obs=tuple(obs or (_obs(),) * len(phis)), context=context,
                       remaining=remaining)  # fmt: skip
 
@@ -129,16 +132,110 @@ def test_model_weighs_the_moved_kv_against_the_tokens_left() -> None:
     assert decide(40, 200, horizon=512).cuts == (10, 20)
 
 
-def test_model_leaves_a_falling_link_a_window_before_its_rate_says() -> None:
-    """A link falling 0.2 -> 0.1 is projected on to 0.05 (`link_trend`): leaving it then saves
-    more than the hysteresis asks, where a link steady at 0.1 does not yet."""
+def test_model_leaves_a_falling_link_for_what_it_will_cost_over_the_horizon() -> None:
+    """A link that fell 0.2 -> 0.1 over the last 5 tokens is projected on (`link_outlook`:
+    its slowdown 5 -> 10 rises by 1 a token, 42 on average over the next 64): leaving it pays
+    more than the hysteresis asks, where a link steady at 0.1 (a 2.8 ms hop of ~34) does not."""
     planner = ModelPlanner(calibration=_cheap(), bypass=True, hysteresis=0.1)
-    planner.decide(_view((10, 20), obs=(_obs(), _obs(link=0.2), _obs())))
-    d = planner.decide(_view((10, 20), obs=(_obs(), _obs(link=0.1), _obs())))
+    planner.decide(_view((10, 20), obs=(_obs(), _obs(link=0.2), _obs()), token=35))
+    d = planner.decide(_view((10, 20), obs=(_obs(), _obs(link=0.1), _obs()), token=40))
     assert d.cuts == (15, 15), d.reason
     steady = ModelPlanner(calibration=_cheap(), bypass=True, hysteresis=0.1)
-    d = steady.decide(_view((10, 20), obs=(_obs(), _obs(link=0.1), _obs())))
+    steady.decide(_view((10, 20), obs=(_obs(), _obs(link=0.1), _obs()), token=35))
+    d = steady.decide(_view((10, 20), obs=(_obs(), _obs(link=0.1), _obs()), token=40))
     assert d.cuts == (10, 20) and "hysteresis" in d.reason, d.reason
+
+
+def test_model_on_a_shaped_link_pays_a_hop_only_once_the_link_bounds_the_token() -> None:
+    """Behind a token bucket (`link_bucket_bytes`) a hidden state that fits passes at line
+    speed once the bucket refilled during the rest of the token: the hop costs its latency
+    until bytes / rate exceeds the token's time, then the link sets the token period. At 0.05
+    of the rate a serial link adds 4.6 ms to a ~31 ms token (leave it); the shaped one adds
+    nothing but its latency (stay). At 0.005 the shaped link allows a token per 46 ms: leaving
+    saves ~15 ms a token, which 512 tokens pay for and the moved KV's ~2.5 s (64 tokens) not."""
+    shaped = Calibration(load_c1_ms=1.0, link_alpha_ms=0.5, link_beta_ms_per_byte=1e-4,
+                         link_bucket_bytes=4096, defaults=())  # fmt: skip
+    assert shaped.hop_ms(HIDDEN_BYTES, 0.05) == pytest.approx((0.5, 4.608))
+    assert shaped.hop_ms(10_000, 0.05) == pytest.approx((0.5 + 5904 * 2e-3, 20.0))
+    assert _cheap().hop_ms(HIDDEN_BYTES, 0.05) == pytest.approx((5.108, 0.0))
+
+    def decide(cal: Calibration, link: float, horizon: int = 512):
+        obs = (_obs(), _obs(link=link), _obs())
+        planner = ModelPlanner(calibration=cal, bypass=True, horizon_tokens=horizon)
+        return planner.decide(_view((10, 20), obs=obs))
+
+    assert decide(_cheap(), 0.05).cuts == (15, 15)
+    d = decide(shaped, 0.05)
+    assert d.cuts == (10, 20) and "saves 0.50 ms" in d.reason, d.reason
+    d = decide(shaped, 0.005)
+    assert d.cuts == (15, 15) and "links 16.08 -> 1.00 ms" in d.reason, d.reason
+    d = decide(shaped, 0.005, horizon=64)
+    assert d.cuts == (10, 20) and "x 64 tokens <= migration" in d.reason, d.reason
+
+
+def test_model_takes_the_link_trend_a_stage_measured_since_decode_start() -> None:
+    """The first barrier's decision has one observation per stage; the stage's ACK carries its
+    link slowdown's rise since decode start (`LinkRise`), so a link falling fast is priced
+    at the first barrier, not the second. The live ring: test_planner_model_ring."""
+
+    def view(rise: float | None) -> WindowView:
+        stats = tuple(replace(st, link_rise_per_token=rise) if st else st
+                      for st in _view((10, 20)).stats)  # fmt: skip
+        return replace(_view((10, 20), obs=(_obs(), _obs(link=0.2), _obs())), stats=stats)
+
+    hold = ModelPlanner(calibration=_cheap(), bypass=True, hysteresis=0.1).decide(view(None))
+    assert hold.cuts == (10, 20), hold.reason
+    move = ModelPlanner(calibration=_cheap(), bypass=True, hysteresis=0.1).decide(view(0.5))
+    assert move.cuts == (15, 15), move.reason
+    # observed at token 35 for the barrier of token 40 (a decision taken a window ahead): the
+    # moved KV crosses the link at slowdown 5 + 0.5 x 6, not 5 + 0.5
+    late = replace(view(0.5), stats=tuple(replace(st, link_obs_token=35)
+                                          for st in view(0.5).stats))  # fmt: skip
+    later = ModelPlanner(calibration=_cheap(), bypass=True, hysteresis=0.1).decide(late)
+
+    def migration_ms(reason: str) -> float:
+        return float(reason.split("migration ")[1].split(" ms")[0])
+
+    assert migration_ms(later.reason) > 1.3 * migration_ms(move.reason), later.reason
+    rise = LinkRise()
+    assert rise.mark(0, _obs(link=1.0)) is None
+    assert rise.mark(5, _obs(link=0.2)) == pytest.approx(0.8)  # slowdown 1 -> 5 in 5 tokens
+    assert rise.mark(10, {"link_obs": float("nan")}) is None and rise.last is None
+    assert StageStats.from_dict(0, {**_stats(0, 1).__dict__, "link_rise_per_token": 0.8})
+    assert not StageStats.from_dict(0, {**_stats(0, 1).__dict__, "link_rise_per_token": "inf"})
+
+
+def test_model_keeps_each_stage_within_its_cpu_budget() -> None:
+    """Routing around stage 1, the faster tail would take all 10 blocks (sum 26 against 27
+    at 15/15); on 0.5-core hosts a stage computing 16 ms a token needs tokens of >= 32 ms, so
+    the blocks are shared so that neither stage's compute outruns its budget."""
+    obs = (_obs(), _obs(link=0.05), _obs())
+
+    def decide(cores: float | None):
+        stats = (_stats(0, 10), _stats(1, 10), _stats(2, 10, per_block=0.8, tail=True))
+        stats = tuple(replace(st, cpu_cores=cores) for st in stats)
+        view = replace(_view((10, 20), obs=obs), stats=stats)
+        return ModelPlanner(calibration=_cheap(), bypass=True).decide(view)
+
+    assert decide(None).cuts == (10, 10)
+    assert decide(2.0).cuts == (10, 10)  # a budget over its threads does not bind
+    d = decide(0.5)
+    assert d.cuts[0] == d.cuts[1] and 12 <= d.cuts[0] <= 14, d.reason
+    assert StageStats.from_dict(0, {**_stats(0, 1).__dict__, "cpu_cores": 0.5}).cpu_cores == 0.5
+    assert not StageStats.from_dict(0, {**_stats(0, 1).__dict__, "cpu_cores": 0})
+    assert not StageStats.from_dict(0, {**_stats(0, 1).__dict__, "threads": 0})
+
+
+def test_model_moves_at_once_when_only_the_links_make_the_move_pay() -> None:
+    """`confirm` guards against one window's timings; a link's rate is an observation. A
+    route-around that pays only because of the link is taken at the first barrier; a move a
+    slow stage's timing asks for still waits for its second."""
+    planner = ModelPlanner(calibration=_cheap(), bypass=True, confirm=2)
+    d = planner.decide(_view((10, 20), obs=(_obs(), _obs(link=0.05), _obs())))
+    assert d.cuts == (15, 15), d.reason
+    planner = ModelPlanner(calibration=_cheap(), bypass=True, confirm=2)
+    d = planner.decide(_view((10, 20), phis=(1.0, 3.0, 1.0)))
+    assert d.cuts == (10, 20) and "1 of planner.confirm=2" in d.reason, d.reason
 
 
 def test_model_with_a_skipped_stage_plans_without_its_statistics() -> None:
@@ -157,10 +254,13 @@ def test_model_with_a_skipped_stage_plans_without_its_statistics() -> None:
     assert d.cuts[0] == 15 and d.cuts[1] > 15, d.reason
 
 
-def test_link_trend_projects_a_fall_never_a_rise() -> None:
-    assert link_trend(_obs(link=1.0), _obs(link=0.5)) == pytest.approx(0.25)
-    assert link_trend(_obs(link=0.5), _obs(link=0.8)) == pytest.approx(0.8)
-    assert link_trend(None, _obs(link=0.5)) == pytest.approx(0.5)
+def test_link_outlook_carries_a_fall_on_never_a_rise() -> None:
+    assert link_outlook(_obs(link=1.0), _obs(link=0.5), 5) == pytest.approx((2.0, 0.2))
+    assert link_outlook(_obs(link=0.5), _obs(link=0.8), 5) == pytest.approx((1.25, 0.0))
+    assert link_outlook(None, _obs(link=0.5), 5) == pytest.approx((2.0, 0.0))
+    assert link_outlook(_obs(link=1.0), _obs(link=0.5), None) == pytest.approx((2.0, 0.0))
+    assert horizon_samples(0) == [0.0] and horizon_samples(2) == [0.5, 1.5]
+    assert len(horizon_samples(1000)) == 16 and sum(horizon_samples(1000)) / 16 == 500
     assert blocks_given((10, 20), (15, 15), 30) == [0, 10, 0]
     assert blocks_given((10, 20), (8, 22), 30) == [2, 0, 2]
 
