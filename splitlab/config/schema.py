@@ -380,7 +380,7 @@ class TestbedLinkConfig:
 
     up_mbit: float = 0.0  # host -> switch rate (Mbit/s); 0 = unshaped
     down_mbit: float = 0.0  # switch -> host rate (Mbit/s); 0 = unshaped
-    burst_kib: float = 0.0  # token-bucket depth (KiB); 0 = 2 ms at the rate, 4 KiB at least
+    burst_kib: float = 0.0  # token-bucket depth (KiB); 0 = 2 ms at the rate, at least 16 KiB capped at 50 ms of it, 4 KiB at least
     queue_kib: float = (
         0.0  # bytes queued before drops (KiB); 0 = 50 ms at the rate, 64 KiB at least
     )

@@ -18,12 +18,15 @@ from splitlab.config.schema import TestbedLinkConfig
 from splitlab.errors import ConfigError
 from splitlab.testbed.topology import Layout, Topology, shaped
 
-# Bucket depth floor: under 2 ms at the rate, the bucket is this deep (2.7 full-size packets,
-# room for timer slack). Kept small because the kernel refills the bucket whenever the shaper
-# is changed: a drifting link (drift=link_degrade, a rate change every few tokens) would hand
-# out this much at line rate after every change. At 16 KiB (the floor until stop 30) a link
-# falling to 0.07 Mbit/s passed a ring's 2.3 KB hidden states in ~65 ms a token where its
-# rate allows one per 250 ms: the degrading link cost the ring nothing for 40 tokens.
+# Bucket depth floor: under 2 ms at the rate, the bucket is 16 KiB (room for timer slack: at
+# 20 Mbit/s a 5 KB bucket lost 12% of the rate under load), but never more than 50 ms at the
+# rate, and 4 KiB (2.7 full-size frames) at least. The cap is because the kernel refills the
+# bucket whenever the shaper is changed: a drifting link (drift=link_degrade, a rate change
+# every few tokens) would hand out the whole bucket at line rate after every change. With a
+# flat 16 KiB (until stop 30) a link falling to 0.07 Mbit/s passed a ring's 2.3 KB hidden
+# states in ~65 ms a token where its rate allows one per 250 ms.
+SLACK_BURST_BYTES = 16 << 10
+MAX_BURST_S = 0.050
 MIN_BURST_BYTES = 4 << 10
 MIN_QUEUE_BYTES = 64 << 10
 BURST_S = 0.002  # default bucket depth: this long at the link's rate
@@ -50,9 +53,8 @@ def tbf_for(rate_mbit: float, *, burst_kib: float = 0.0, queue_kib: float = 0.0)
         raise ConfigError(f"rate_mbit={rate_mbit} must be > 0 to shape a link")
     rate_bit = int(round(rate_mbit * 1e6))
     bytes_per_s = rate_bit / 8
-    burst = (
-        int(burst_kib * 1024) if burst_kib > 0 else max(MIN_BURST_BYTES, int(bytes_per_s * BURST_S))
-    )
+    floor = max(MIN_BURST_BYTES, min(SLACK_BURST_BYTES, int(bytes_per_s * MAX_BURST_S)))
+    burst = int(burst_kib * 1024) if burst_kib > 0 else max(floor, int(bytes_per_s * BURST_S))
     limit = (
         int(queue_kib * 1024) if queue_kib > 0 else max(MIN_QUEUE_BYTES, int(bytes_per_s * QUEUE_S))
     )

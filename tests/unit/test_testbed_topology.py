@@ -142,7 +142,9 @@ def test_subnet_skips_taken_ones() -> None:
 
 def test_tbf_defaults_scale_with_rate_and_keep_minimums() -> None:
     slow, fast = tbf_for(2), tbf_for(1000)
-    assert slow.rate_bit == 2_000_000 and slow.burst_bytes == 4 << 10
+    assert slow.rate_bit == 2_000_000 and slow.burst_bytes == 12_500  # 50 ms at the rate
+    assert tbf_for(20).burst_bytes == 16 << 10  # room for timer slack
+    assert tbf_for(0.0333).burst_bytes == 4 << 10  # a degraded link: no deep free bursts
     assert fast.burst_bytes == 250_000 and fast.limit_bytes == 6_250_000
     assert tbf_for(20, burst_kib=32, queue_kib=8).limit_bytes == 32 << 10  # never below burst
     with pytest.raises(ConfigError, match="rate_mbit=0"):
