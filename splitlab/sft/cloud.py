@@ -26,6 +26,7 @@ from splitlab.models.lowrank import decompose_plan
 from splitlab.models.parts import Part, build_parts
 from splitlab.models.tokens import positions_from_pad_mask
 from splitlab.sft import protocol as p
+from splitlab.train.optim import adamw
 from splitlab.wire import Lane, Message, Priority, TcpTransport
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ MAX_LIVE_GRAPHS = 64  # forwards awaiting their backward; more means the edge ne
 
 
 def _default_optimizer(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(params)
+    return adamw(params)
 
 
 class _Inbox:

@@ -285,6 +285,7 @@ def train_arm(arm: Arm, inputs: Inputs, study: Study) -> dict:
     from splitlab.models.plan import u_shape_plan
     from splitlab.train.loopback import run_loopback
     from splitlab.train.nodes import OwnerNode, WorkerNode
+    from splitlab.train.optim import adamw as build_adamw
     from splitlab.train.owner import SchedulerSettings
     from splitlab.train.parts import build_training_parts
     from splitlab.train.validate import evaluate, part_chain
@@ -298,7 +299,7 @@ def train_arm(arm: Arm, inputs: Inputs, study: Study) -> dict:
     warmup_steps = max(1, round(study.warmup * total))
 
     def adamw(*owned: torch.nn.Module) -> torch.optim.Optimizer:
-        opt = torch.optim.AdamW(_param_groups(study, *owned), weight_decay=0.01)
+        opt = build_adamw(_param_groups(study, *owned), weight_decay=0.01)
         schedule = torch.optim.lr_scheduler.LambdaLR(
             opt, lambda step: lr_factor(step, total, warmup_steps)
         )

@@ -30,6 +30,7 @@ from splitlab.testbed.placement import node_delay_line
 from splitlab.testbed.topology import topology_from_config
 from splitlab.train.exchange import Exchange, exchange_for
 from splitlab.train.feed import OwnerFeed
+from splitlab.train.optim import adamw as build_adamw
 from splitlab.train.parts import build_training_parts
 from splitlab.train.role import COORDINATOR, TrainRole
 from splitlab.wire.base import Transport
@@ -157,7 +158,7 @@ def transport_bytes(transport: Transport) -> int:
 
 def adamw(role: TrainRole, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
     ft = role.finetune
-    return torch.optim.AdamW(params, lr=ft.lr, weight_decay=ft.weight_decay, eps=ft.eps)
+    return build_adamw(params, lr=ft.lr, weight_decay=ft.weight_decay, eps=ft.eps)
 
 
 def compute_dtype(role: TrainRole) -> torch.dtype | None:

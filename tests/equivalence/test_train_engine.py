@@ -24,6 +24,7 @@ from splitlab.models.tokens import IGNORE_INDEX, positions_from_pad_mask
 from splitlab.reference.ushape import UShapeEngine
 from splitlab.telemetry.records import Record
 from splitlab.train.nodes import OwnerNode, WorkerNode, partition_parameters
+from splitlab.train.optim import adamw as build_adamw
 from splitlab.train.wrr import AdaptiveWeights
 
 FAMILIES = ["bert", "gpt2", "llama"]
@@ -35,8 +36,9 @@ LENGTHS = [(8, 5, 3), (6, 6), (4, 7, 2), (8,), (3, 3, 5), (7, 2), (5, 8, 1)]
 def adamw(params: Sequence[nn.Parameter]) -> torch.optim.Optimizer:
     # eps=1e-6: a key-projection bias gets a gradient that is zero in exact arithmetic (softmax
     # ignores a per-row shift), i.e. pure rounding noise; with eps=1e-8 Adam would blow that
-    # noise up to lr-sized steps that differ between any two summation orders.
-    return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.01, eps=1e-6)
+    # noise up to lr-sized steps that differ between any two summation orders. The nodes' own
+    # AdamW (fused where it can be), so that the processes' and the reference's steps match.
+    return build_adamw(params, lr=1e-2, weight_decay=0.01, eps=1e-6)
 
 
 def batches(

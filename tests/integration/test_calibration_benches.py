@@ -1,4 +1,4 @@
-"""Keeps tools/bench_ln.py and tools/bench_release.py working on tiny_llama with --quick.
+"""Keeps tools/bench_ln.py, bench_release.py and bench_adamw.py working on tiny_llama with --quick.
 
 .venv/bin/pytest tests/integration/test_calibration_benches.py -q
 """
@@ -50,3 +50,13 @@ def test_bench_release_frees_every_dropped_block_by_reference_counting(tmp_path:
     assert summary["freed_fraction_min"] == 1.0  # no dropped block outlived its release
     assert summary["release_median_ms"] < summary["release_gc_median_ms"]
     assert report["ratios"]["tracked_objects_2x_over_1x"] == pytest.approx(2.0, rel=0.05)
+
+
+def test_bench_adamw_times_both_forms_and_finds_the_same_update(tmp_path: Path) -> None:
+    report = _bench("bench_adamw", tmp_path / "adamw.json")
+    assert report["bench"] == "adamw" and set(report["arms"]) == {"loop", "fused"}
+    rows = {(r["node"], r["arm"]): r for r in report["results"] if "node" in r}
+    assert set(rows) == {(n, a) for n in ("owner", "worker") for a in ("loop", "fused")}
+    assert all(r["step_ms_median"] > 0 for r in rows.values())
+    assert report["results"][-1]["max_abs_diff"] < 1e-5  # rounding, not another update
+    assert report["config"]["parameters"]["owner"] > report["config"]["parameters"]["worker"]
