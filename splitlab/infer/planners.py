@@ -48,6 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
+
 from splitlab.analysis.fits import load_cost, select_record
 from splitlab.config.schema import (
     AdaptivePlannerConfig,
@@ -569,17 +571,6 @@ def link_factor(obs: Mapping[str, float] | None) -> float:
     return min(1.0, value) if math.isfinite(value) and value > 0 else 1.0
 
 
-def blocks_received(old: Sequence[int], new: Sequence[int], num_layers: int) -> list[int]:
-    """Blocks each stage gains going from `old` to `new` cuts."""
-    gained = [0] * (len(old) + 1)
-    for s, (a, b) in enumerate(zip(old, new, strict=True), start=1):
-        if b > a:  # boundary s moved up: stage s-1 took blocks [a, b) from stage s
-            gained[s - 1] += b - a
-        else:  # moved down (or not): stage s took blocks [b, a) from stage s-1
-            gained[s] += a - b
-    return gained
-
-
 def reachable(old: Sequence[int], new: Sequence[int], num_layers: int) -> bool:
     """True when every block moves at most one stage (one reconfiguration)."""
     bounds = [0, *old, num_layers]
@@ -710,91 +701,50 @@ class ModelPlanner:
         hops = [[self.calibration.hop_ms(b, 1.0 / (slow + rise * t)) for t in offsets]
                 for b, (slow, rise) in zip(sent, outlook, strict=True)]  # fmt: skip
         full = [q for q, o in enumerate(obs) if (o or {}).get("q_mem_obs", 0.0) >= self.mem_high]
-
-        @functools.cache
-        def times(cuts: tuple[int, ...]) -> tuple[float, ...]:
-            """Per stage; with bypass a stage without blocks is skipped: no time, no hop."""
-            out = predict(cuts, models, num_layers)
-            if not self.bypass:
-                return out
-            return tuple(t if b else 0.0 for t, b in zip(out, stage_blocks(cuts, num_layers),
-                                                         strict=True))  # fmt: skip
-
         # a stage on a CPU budget (a cgroup quota under its threads) computes at most `cores`
         # of a core's time per token period: its compute bounds the period at time x threads
         # / cores (20 SmolLM2 blocks, 57 ms, on a 0.5-core host: tokens of >= 114 ms)
         duty = [st.threads / st.cpu_cores if st is not None and st.cpu_cores is not None
                 and st.cpu_cores < st.threads else 0.0 for st in stats]  # fmt: skip
-
-        @functools.cache
-        def link_samples(on: tuple[bool, ...]) -> list[tuple[float, float]]:
-            """Per horizon sample, with the stages `on` the ring: (what their hops add to the
-            path, the longest period one of their links sets)."""
-            out = []
-            for i in range(len(offsets)):
-                sample = [hop[i] for hop, b in zip(hops, on, strict=True) if b]
-                out.append((sum(h[0] for h in sample), max(h[1] for h in sample)))
-            return out
-
-        @functools.cache
-        def tpot(cuts: tuple[int, ...]) -> float:
-            """Mean over the horizon of the stages' times plus what the hops add to a token's
-            path, or the period the slowest link (`hop_ms`) or CPU budget allows if longer."""
-            on = (tuple(b > 0 for b in stage_blocks(cuts, num_layers)) if self.bypass
-                  else (True,) * len(stats))  # fmt: skip
-            t = times(cuts)
-            base = sum(t)
-            quota = max(x * d for x, d in zip(t, duty, strict=True))
-            samples = link_samples(on)
-            return sum(max(base + path, bound, quota) for path, bound in samples) / len(samples)
-
-        def link_ms(cuts: tuple[int, ...]) -> float:
-            return tpot(cuts) - sum(times(cuts))
-
-        def migration(cuts: tuple[int, ...]) -> float:
-            """L_n summed over the receivers, and the moved blocks' KV leaving each donor over
-            its own link (at its rate one token from now)."""
-            ms = sum(map(self.calibration.load_ms, blocks_received(current, cuts, num_layers)))
-            for d, n in enumerate(blocks_given(current, cuts, num_layers)):
-                if n:
-                    kv = n * view.context * stats[d].kv_bytes_per_block_token  # type: ignore[union-attr]
-                    slow, rise = outlook[d]
-                    ms += self.calibration.message_ms(kv, 1.0 / (slow + rise))
-            return ms
-
-        def cost(cuts: tuple[int, ...]) -> tuple[float, float, bool]:
-            return (horizon * tpot(cuts) + migration(cuts), max(times(cuts)),
-                    cuts != current)  # fmt: skip
-
-        reached = (self._candidates(current, num_layers) if only is None
-                   else [c for c in (current, only) if c in self._candidates(current, num_layers)])  # fmt: skip
-        candidates = [c for c in reached
-                      if not any(blocks_received(current, c, num_layers)[q] for q in full)]  # fmt: skip
-        target = min(candidates, key=cost, default=current)
-        ideal = min(candidates, default=current,
-                    key=lambda c: (tpot(c), max(times(c)), c != current))  # fmt: skip
-        now = times(current)
+        reach = reachable_arrays(current, num_layers, self.bypass)
+        rows = (np.arange(len(reach.cuts)) if only is None
+                else np.array([reach.row[c] for c in dict.fromkeys((current, only)) if c in reach.row]))  # fmt: skip
+        if full:  # no blocks to a stage whose memory is short
+            rows = rows[~(reach.received[rows][:, full] > 0).any(axis=1)]
+        kv_per_block = np.array([view.context * st.kv_bytes_per_block_token if st is not None
+                                 else 0.0 for st in stats])  # fmt: skip
+        kv_link = np.array([1.0 / (slow + rise) for slow, rise in outlook])
+        scored = score_cuts(reach, rows, models=models, hops=hops, duty=duty,
+                            bypass=self.bypass, calibration=self.calibration,
+                            kv_per_block=kv_per_block, kv_link=kv_link)  # fmt: skip
+        cost = horizon * scored.tpot + scored.migration
+        moved = scored.moved.astype(float)
+        # the first minimum in the candidates' order, as `min` would: lexsort is stable
+        i_target = int(np.lexsort((moved, scored.bottleneck, cost))[0])
+        i_ideal = int(np.lexsort((moved, scored.bottleneck, scored.tpot))[0])
+        i_now = scored.index(current)
+        target, ideal = scored.cuts[i_target], scored.cuts[i_ideal]
+        tpot = scored.tpot.tolist()
+        now = tuple(scored.times[i_now].tolist())
         said = (
             f"; defaults: {', '.join(self.calibration.defaults)}"
             if self.calibration.defaults
             else ""
         )
         if target == current and ideal != current:  # the horizon does not pay for the move
-            return Decision(current, f"model: hold ({list(ideal)} saves {tpot(current) - tpot(ideal):.2f} "
-                            f"ms x {horizon} tokens <= migration {migration(ideal):.1f} ms"
+            return Decision(current, f"model: hold ({list(ideal)} saves {tpot[i_now] - tpot[i_ideal]:.2f} "
+                            f"ms x {horizon} tokens <= migration {scored.migration[i_ideal]:.1f} ms"
                             f"{said})", now)  # fmt: skip
-        gain = (tpot(current) - tpot(target)) / tpot(current) if tpot(current) > 0 else 0.0
+        gain = (tpot[i_now] - tpot[i_target]) / tpot[i_now] if tpot[i_now] > 0 else 0.0
         links_said = ("links cost the same whatever the cuts" if not self.bypass
-                      else f"links {link_ms(current):.2f} -> {link_ms(target):.2f} ms")  # fmt: skip
+                      else f"links {scored.link_ms(i_now):.2f} -> {scored.link_ms(i_target):.2f} ms")  # fmt: skip
         if target == current or gain <= self.hysteresis:
             return Decision(current, f"model: hold (best {list(target)} gains {gain:.1%} <= hysteresis "
                             f"{self.hysteresis:.0%}; {links_said}{said})", now)  # fmt: skip
-        return Decision(target, f"model: to {list(target)} (predicted TPOT {tpot(current):.2f} -> "
-                        f"{tpot(target):.2f} ms, {links_said}, migration {migration(target):.1f} ms"
-                        f"{said})", times(target))  # fmt: skip
-
-    def _candidates(self, current: tuple[int, ...], num_layers: int) -> list[tuple[int, ...]]:
-        return reachable_cuts(current, num_layers, self.bypass)
+        return Decision(target, f"model: to {list(target)} (predicted TPOT {tpot[i_now]:.2f} -> "
+                        f"{tpot[i_target]:.2f} ms, {links_said}, migration "
+                        f"{scored.migration[i_target]:.1f} ms{said})",
+                        tuple(scored.times[i_target].tolist()))  # fmt: skip
 
 
 @functools.lru_cache(maxsize=64)
@@ -809,6 +759,86 @@ def reachable_cuts(
                 if reachable(current, c, num_layers)]  # fmt: skip
     return [c for c in itertools.combinations_with_replacement(range(1, num_layers), len(current))
             if reachable(current, c, num_layers) and _moves_ok(current, c, num_layers)]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Reach:
+    """The cut sets one reconfiguration reaches from `current` (`reachable_cuts`), as arrays:
+    per candidate its blocks per stage and the blocks each stage gains and gives (read-only;
+    cached with the cuts)."""
+
+    current: tuple[int, ...]
+    cuts: list[tuple[int, ...]]
+    row: dict[tuple[int, ...], int]
+    blocks: np.ndarray  # (candidates, stages)
+    received: np.ndarray  # (candidates, stages)
+    given: np.ndarray  # (candidates, stages)
+
+
+@functools.lru_cache(maxsize=64)
+def reachable_arrays(current: tuple[int, ...], num_layers: int, bypass: bool) -> Reach:
+    cuts = reachable_cuts(current, num_layers, bypass)
+    grid = np.asarray(cuts, dtype=np.int64).reshape(len(cuts), len(current))
+    edge = np.ones((len(cuts), 1), dtype=np.int64)
+    blocks = np.diff(np.hstack([0 * edge, grid, num_layers * edge]), axis=1)
+    up = np.maximum(grid - np.asarray(current, dtype=np.int64), 0)  # boundary s moved up
+    down = np.maximum(np.asarray(current, dtype=np.int64) - grid, 0)  # ... or down
+    received = np.zeros_like(blocks)
+    given = np.zeros_like(blocks)
+    received[:, :-1] += up  # stage s-1 took blocks [a, b) from stage s
+    given[:, 1:] += up
+    received[:, 1:] += down  # stage s took blocks [b, a) from stage s-1
+    given[:, :-1] += down
+    for a in (blocks, received, given):
+        a.flags.writeable = False
+    return Reach(current, cuts, {c: i for i, c in enumerate(cuts)}, blocks, received, given)
+
+
+@dataclass(frozen=True)
+class Scored:
+    """`ModelPlanner`'s figures for the candidates `rows` of a `Reach`, in that order."""
+
+    cuts: list[tuple[int, ...]]
+    times: np.ndarray  # (candidates, stages): each stage's predicted time (ms)
+    tpot: np.ndarray  # predicted mean TPOT over the horizon, links and CPU budgets included
+    migration: np.ndarray  # L_n over the receivers plus the moved KV over the donors' links
+    bottleneck: np.ndarray  # the slowest stage's time
+    moved: np.ndarray  # whether the candidate is not the current cuts
+
+    def index(self, cuts: tuple[int, ...]) -> int:
+        return self.cuts.index(cuts)
+
+    def link_ms(self, i: int) -> float:
+        return float(self.tpot[i] - self.times[i].sum())
+
+
+def score_cuts(reach: Reach, rows: np.ndarray, *, models: Sequence[tuple[float, float]],
+               hops: Sequence[Sequence[tuple[float, float]]], duty: Sequence[float],
+               bypass: bool, calibration: Calibration, kv_per_block: np.ndarray,
+               kv_link: np.ndarray) -> Scored:  # fmt: skip
+    """Every candidate at once (a decision over ~300 cut sets of SmolLM2's ring was ~2.5 ms
+    of Python per barrier on the head's token path; this is ~0.2 ms): each stage's time
+    `F_s + n_s r_s` (0 for a skipped stage with bypass), the TPOT over the horizon's samples
+    (`hops[s][k]`: what stage s's hop adds to the path and the period its link allows, the
+    ring's stages only), and the migration."""
+    blocks, received, given = reach.blocks[rows], reach.received[rows], reach.given[rows]
+    fixed = np.array([m[0] for m in models])
+    rate = np.array([m[1] for m in models])
+    times = fixed + blocks * rate
+    on = blocks > 0 if bypass else np.ones_like(blocks, dtype=bool)
+    if bypass:
+        times = np.where(on, times, 0.0)
+    hop = np.asarray(hops, dtype=float)  # (stages, samples, 2)
+    path = np.where(on[:, :, None], hop[None, :, :, 0], 0.0).sum(axis=1)
+    bound = np.where(on[:, :, None], hop[None, :, :, 1], -np.inf).max(axis=1)
+    quota = (times * np.asarray(duty, dtype=float)).max(axis=1)
+    period = np.maximum(np.maximum(times.sum(axis=1)[:, None] + path, bound), quota[:, None])
+    load = np.where(received > 0, calibration.load_c0_ms + calibration.load_c1_ms * received, 0.0)
+    kv = np.where(given > 0, calibration.message_ms(given * kv_per_block, kv_link), 0.0)
+    cuts = [reach.cuts[i] for i in rows.tolist()]
+    return Scored(cuts=cuts, times=times, tpot=period.mean(axis=1),
+                  migration=load.sum(axis=1) + kv.sum(axis=1), bottleneck=times.max(axis=1),
+                  moved=np.array([c != reach.current for c in cuts]))  # fmt: skip
 
 
 def _neighbour_rate(models: Sequence[tuple[float, float] | None], s: int) -> float:
@@ -853,17 +883,6 @@ def horizon_samples(horizon: int) -> list[float]:
         return [0.0]
     k = min(horizon, HORIZON_SAMPLES)
     return [(j + 0.5) * horizon / k for j in range(k)]
-
-
-def blocks_given(old: Sequence[int], new: Sequence[int], num_layers: int) -> list[int]:
-    """Blocks each stage loses going from `old` to `new` cuts."""
-    given = [0] * (len(old) + 1)
-    for s, (a, b) in enumerate(zip(old, new, strict=True), start=1):
-        if b > a:  # boundary s moved up: stage s gave blocks [a, b) to stage s-1
-            given[s] += b - a
-        else:  # stage s-1 gave blocks [b, a) to stage s
-            given[s - 1] += a - b
-    return given
 
 
 PlannerFactory = Callable[[Any], Planner]

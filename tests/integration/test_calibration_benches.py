@@ -1,4 +1,5 @@
-"""Keeps tools/bench_ln.py, bench_release.py and bench_adamw.py working on tiny_llama with --quick.
+"""Keeps tools/bench_ln.py, bench_release.py and bench_adamw.py working on tiny_llama with --quick,
+and bench_planner.py (no model) with --quick.
 
 .venv/bin/pytest tests/integration/test_calibration_benches.py -q
 """
@@ -15,9 +16,9 @@ import pytest
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
 
 
-def _bench(name: str, out: Path) -> dict:
+def _bench(name: str, out: Path, *args: str) -> dict:
     done = subprocess.run(
-        [sys.executable, str(TOOLS / f"{name}.py"), "model=tiny_llama", "--quick",
+        [sys.executable, str(TOOLS / f"{name}.py"), *(args or ("model=tiny_llama",)), "--quick",
          "--out", str(out)],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
@@ -60,3 +61,13 @@ def test_bench_adamw_times_both_forms_and_finds_the_same_update(tmp_path: Path) 
     assert all(r["step_ms_median"] > 0 for r in rows.values())
     assert report["results"][-1]["max_abs_diff"] < 1e-5  # rounding, not another update
     assert report["config"]["parameters"]["owner"] > report["config"]["parameters"]["worker"]
+
+
+def test_bench_planner_times_every_planner_on_the_same_barriers(tmp_path: Path) -> None:
+    report = _bench("bench_planner", tmp_path / "planner.json", "--stages", "4", "--bypass")
+    assert report["bench"] == "planner" and set(report["arms"]) == {"noop", "adaptive", "model"}
+    rows = {r["planner"]: r for r in report["results"] if "planner" in r}
+    assert all(r["decisions"] == 2 * 11 and r["decide_ms_median"] > 0 for r in rows.values())
+    assert report["config"] == {"stages": 4, "bypass": True, "barriers": 12, "window": 8,
+                                "reps": 2, "num_layers": 30}  # fmt: skip
+    assert "model_decide_ms" in report["targets"]

@@ -19,13 +19,12 @@ from splitlab.infer.planners import (
     ModelPlanner,
     StageStats,
     WindowView,
-    blocks_given,
-    blocks_received,
     compute_trend,
     horizon_samples,
     link_outlook,
     make_planner,
     reachable,
+    reachable_arrays,
 )
 from splitlab.infer.window import LinkRise
 
@@ -59,9 +58,21 @@ def _cheap() -> Calibration:
     return Calibration(load_c1_ms=1.0, link_alpha_ms=0.5, link_beta_ms_per_byte=1e-4, defaults=())
 
 
+def _moved(old: tuple[int, ...], new: tuple[int, ...], bypass: bool = False) -> tuple[list[int], list[int], list[int]]:  # fmt: skip
+    """(blocks per stage, blocks each stage gains, blocks each gives) of `new` from `old`."""
+    reach = reachable_arrays(old, 30, bypass)
+    i = reach.row[new]
+    return reach.blocks[i].tolist(), reach.received[i].tolist(), reach.given[i].tolist()
+
+
 def test_blocks_received_and_reachable() -> None:
-    assert blocks_received((10, 20), (14, 15), 30) == [4, 0, 5]
-    assert blocks_received((10, 20), (8, 22), 30) == [0, 4, 0]
+    assert _moved((10, 20), (14, 15)) == ([14, 1, 15], [4, 0, 5], [0, 9, 0])
+    assert _moved((10, 20), (8, 22)) == ([8, 14, 8], [0, 4, 0], [2, 0, 2])
+    assert _moved((10, 20), (15, 15), bypass=True) == ([15, 0, 15], [5, 0, 5], [0, 10, 0])
+    assert (14, 15) in reachable_arrays((10, 20), 30, False).row
+    assert (15, 15) not in reachable_arrays((10, 20), 30, False).row  # only with bypass
+    with pytest.raises(ValueError):  # cached: read-only
+        reachable_arrays((10, 20), 30, False).received[0, 0] = 1
     assert reachable((10, 20), (14, 15), 30) and reachable((10, 20), (20, 21), 30)
     assert not reachable((10, 20), (21, 25), 30)  # block 20 would go from stage 2 to 0
 
@@ -261,8 +272,6 @@ def test_link_outlook_carries_a_fall_on_never_a_rise() -> None:
     assert link_outlook(_obs(link=1.0), _obs(link=0.5), None) == pytest.approx((2.0, 0.0))
     assert horizon_samples(0) == [0.0] and horizon_samples(2) == [0.5, 1.5]
     assert len(horizon_samples(1000)) == 16 and sum(horizon_samples(1000)) / 16 == 500
-    assert blocks_given((10, 20), (15, 15), 30) == [0, 10, 0]
-    assert blocks_given((10, 20), (8, 22), 30) == [2, 0, 2]
 
 
 def test_model_moves_only_on_a_target_confirmed_barriers_in_a_row() -> None:
