@@ -257,8 +257,12 @@ def best_cuts(models: Sequence[tuple[float, float]], num_layers: int, *,
     """Cuts minimising (sum, max) of predicted stage times; exhaustive when affordable."""
     num_cuts = len(models) - 1
     if math.comb(num_layers - 1, num_cuts) <= MAX_CANDIDATES:
-        candidates = itertools.combinations(range(1, num_layers), num_cuts)
-        return min(candidates, key=lambda c: (*_score(predict(c, models, num_layers)), c != tuple(start)))  # fmt: skip
+        cuts, blocks = all_cuts(num_layers, num_cuts)
+        times = np.array([m[0] for m in models]) + blocks * np.array([m[1] for m in models])
+        moved = (cuts != np.asarray(start, dtype=np.int64)).any(axis=1)
+        # the first minimum of (sum, max, moved) in combinations' order: lexsort is stable
+        best = np.lexsort((moved, times.max(axis=1), times.sum(axis=1)))[0]
+        return tuple(cuts[best].tolist())
     current = tuple(start)  # local search by single-block steps (very deep rings)
     while True:
         step = min(_neighbours(current, num_layers), key=lambda c: _score(predict(c, models, num_layers)),
@@ -268,6 +272,24 @@ def best_cuts(models: Sequence[tuple[float, float]], num_layers: int, *,
         ):
             return current
         current = step
+
+
+@functools.lru_cache(maxsize=16)
+def all_cuts(num_layers: int, num_cuts: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every cut set of `num_cuts` cuts over `num_layers` blocks in `itertools.combinations`
+    order, and each one's blocks per stage (read-only; cached per ring shape: enumerating and
+    scoring them in Python was ~4 ms of a 4-stage adaptive decision)."""
+    grid = np.array(list(itertools.combinations(range(1, num_layers), num_cuts)), dtype=np.int64)
+    grid = grid.reshape(-1, num_cuts)
+    blocks = blocks_per_stage(grid, num_layers)
+    grid.flags.writeable = blocks.flags.writeable = False
+    return grid, blocks
+
+
+def blocks_per_stage(grid: np.ndarray, num_layers: int) -> np.ndarray:
+    """(candidates, stages): the blocks each stage holds under each row of cuts."""
+    edge = np.ones((len(grid), 1), dtype=np.int64)
+    return np.diff(np.hstack([0 * edge, grid, num_layers * edge]), axis=1)
 
 
 def _neighbours(cuts: tuple[int, ...], num_layers: int) -> list[tuple[int, ...]]:
@@ -779,8 +801,7 @@ class Reach:
 def reachable_arrays(current: tuple[int, ...], num_layers: int, bypass: bool) -> Reach:
     cuts = reachable_cuts(current, num_layers, bypass)
     grid = np.asarray(cuts, dtype=np.int64).reshape(len(cuts), len(current))
-    edge = np.ones((len(cuts), 1), dtype=np.int64)
-    blocks = np.diff(np.hstack([0 * edge, grid, num_layers * edge]), axis=1)
+    blocks = blocks_per_stage(grid, num_layers)
     up = np.maximum(grid - np.asarray(current, dtype=np.int64), 0)  # boundary s moved up
     down = np.maximum(np.asarray(current, dtype=np.int64) - grid, 0)  # ... or down
     received = np.zeros_like(blocks)
@@ -829,16 +850,20 @@ def score_cuts(reach: Reach, rows: np.ndarray, *, models: Sequence[tuple[float, 
     if bypass:
         times = np.where(on, times, 0.0)
     hop = np.asarray(hops, dtype=float)  # (stages, samples, 2)
-    path = np.where(on[:, :, None], hop[None, :, :, 0], 0.0).sum(axis=1)
-    bound = np.where(on[:, :, None], hop[None, :, :, 1], -np.inf).max(axis=1)
+    # the hops depend only on which stages a token visits: a few rings, not one per candidate
+    code = on @ (1 << np.arange(on.shape[1]))
+    rings, ring = np.unique(code, return_inverse=True)
+    visits = (rings[:, None] >> np.arange(on.shape[1])) & 1 > 0  # (rings, stages)
+    path = np.where(visits[:, :, None], hop[None, :, :, 0], 0.0).sum(axis=1)[ring]
+    bound = np.where(visits[:, :, None], hop[None, :, :, 1], -np.inf).max(axis=1)[ring]
     quota = (times * np.asarray(duty, dtype=float)).max(axis=1)
     period = np.maximum(np.maximum(times.sum(axis=1)[:, None] + path, bound), quota[:, None])
     load = np.where(received > 0, calibration.load_c0_ms + calibration.load_c1_ms * received, 0.0)
     kv = np.where(given > 0, calibration.message_ms(given * kv_per_block, kv_link), 0.0)
-    cuts = [reach.cuts[i] for i in rows.tolist()]
+    cuts = reach.cuts if len(rows) == len(reach.cuts) else [reach.cuts[i] for i in rows.tolist()]
     return Scored(cuts=cuts, times=times, tpot=period.mean(axis=1),
                   migration=load.sum(axis=1) + kv.sum(axis=1), bottleneck=times.max(axis=1),
-                  moved=np.array([c != reach.current for c in cuts]))  # fmt: skip
+                  moved=rows != reach.row[reach.current])  # fmt: skip
 
 
 def _neighbour_rate(models: Sequence[tuple[float, float] | None], s: int) -> float:
