@@ -182,7 +182,8 @@ class PathEstimate:
     they crossed the path (`rx.<peer>.stream_median_mbit`, wire/tcp_reader.py). On a busy host
     single frames are off both ways: a sender starved mid-frame leaves the link idle (slower),
     and a receiver whose softirq work was deferred gets a backlog of packets at once (faster:
-    22.6 Mbit/s on a 20 Mbit/s path at load 6); `peak_mbit` is the fastest frame, `mean_mbit`
+    22.6-22.9 Mbit/s on a 20 Mbit/s path at load 3-6, before the reader stopped timing frames
+    it found mostly queued); `peak_mbit` is the fastest frame, `mean_mbit`
     all timed bytes over all timed milliseconds (what the run got, stalls included). `delay_ms` the least time the
     sender's delay line held a frame (`held_ms`), where the delay is added in the transport, and
     `delay_mean_ms` its mean (which adds the line's lateness on a busy host).

@@ -167,3 +167,26 @@ def test_a_large_frame_is_timed_as_its_payload_arrives_and_a_small_one_is_not(
     assert STREAM_MIN_BYTES <= streamed <= len(data) - 4096 + READ_AHEAD_BYTES
     chunks = (len(data) - 4096) // chunk
     assert ms >= (chunks - 1) * pause_s * 1e3  # the wait for the paced bytes, not a memcpy
+
+
+def test_a_frame_found_mostly_queued_is_not_timed(pair: tuple[socket.socket, FrameReader]) -> None:
+    """Its reader was behind the link: what it would time is partly the host's backlog."""
+    a, reader = pair
+    pool = BufferPool(pool_bytes=8 << 20)
+    data = _frame(3, 128 << 10)  # a 512 KiB payload
+    sent = threading.Event()
+
+    def behind() -> None:
+        a.sendall(data[: (160 << 10)])  # the header and 160 KiB queue before the read starts
+        sent.set()
+        time.sleep(0.05)
+        a.sendall(data[(160 << 10) :])
+
+    t = threading.Thread(target=behind)
+    t.start()
+    sent.wait(5)
+    time.sleep(0.05)  # ... and reach the receiver's queue
+    microbatch, x = _read(reader, pool)
+    t.join()
+    assert reader.last_stream is None
+    assert microbatch == 3 and torch.equal(x, torch.arange(128 << 10, dtype=torch.int32) + 3)
