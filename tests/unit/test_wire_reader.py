@@ -172,15 +172,17 @@ def test_a_large_frame_is_timed_as_its_payload_arrives_and_a_small_one_is_not(
 def test_a_frame_found_mostly_queued_is_not_timed(pair: tuple[socket.socket, FrameReader]) -> None:
     """Its reader was behind the link: what it would time is partly the host's backlog."""
     a, reader = pair
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)  # room to queue 256 KiB
     pool = BufferPool(pool_bytes=8 << 20)
     data = _frame(3, 128 << 10)  # a 512 KiB payload
     sent = threading.Event()
 
     def behind() -> None:
-        a.sendall(data[: (160 << 10)])  # the header and 160 KiB queue before the read starts
+        # the header and 256 KiB queue before the read starts: ~224 KiB past the read-ahead
+        a.sendall(data[: (256 << 10)])
         sent.set()
         time.sleep(0.05)
-        a.sendall(data[(160 << 10) :])
+        a.sendall(data[(256 << 10) :])
 
     t = threading.Thread(target=behind)
     t.start()
