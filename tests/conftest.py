@@ -10,6 +10,13 @@
   them, fails instead under SPLITLAB_REQUIRE_TESTBED=1 (CI runs as root).
 - `chromium`: needs a headless Chromium (Debian's `chromium`); skips without it, fails instead
   under SPLITLAB_REQUIRE_CHROMIUM=1 (CI installs it).
+
+Tests run on 2 pytest-xdist workers (`-n auto`, `--dist loadgroup` in pyproject.toml;
+SPLITLAB_TEST_WORKERS sets the count, `-n 0` runs in one process). A test file runs whole on
+one worker, so its module fixtures run once; every `testbed` test shares one worker (their
+hosts, links and cgroups are root's, one testbed at a time) and so does every `slurm` test
+(one takes the cluster down and up). Much of the suite waits (a Slurm job's time limit, a
+peer's timeout, a shaped link), which the other worker fills.
 """
 
 from __future__ import annotations
@@ -68,6 +75,42 @@ def slurm_problem() -> str | None:
     if not any(s.rstrip("*~#") in ("idle", "mix", "alloc") for s in done.stdout.split()):
         return f"no Slurm node takes jobs (sinfo: {(done.stdout + done.stderr).strip()[:200]!r})"
     return None
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: SPLITLAB_TEST_WORKERS, else 2 (1 on one core): the suite's processes already
+    use several cores each, so more workers would only crowd them."""
+    wanted = os.environ.get("SPLITLAB_TEST_WORKERS")
+    if wanted is not None:
+        if not wanted.isdigit():
+            raise pytest.UsageError(f"SPLITLAB_TEST_WORKERS must be a whole number, got {wanted!r}")
+        return int(wanted)
+    return min(2, os.cpu_count() or 1)
+
+
+EXCLUSIVE = ("testbed", "slurm")  # markers whose tests share one machine-wide resource
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker turns the groups into node ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Group each test for `--dist loadgroup`: its marker's group if it needs an exclusive
+    resource, else its file."""
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        marker = next((m for m in EXCLUSIVE if item.get_closest_marker(m)), None)
+        item.add_marker(pytest.mark.xdist_group(marker or item.nodeid.split("::")[0]))
+
+
+def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
+    """Under `--dist loadgroup` every node id a worker collected must carry its group: if a
+    pytest or xdist upgrade stops that, the slurm and testbed tests would run side by side."""
+    ungrouped = [nodeid for nodeid in ids if "@" not in nodeid]
+    if node.config.getvalue("dist") == "loadgroup" and ungrouped:
+        raise pytest.UsageError(
+            f"--dist loadgroup did not group {ungrouped[0]}: pytest-xdist names a group through "
+            "Item._nodeid, which pytest 9.2 no longer reads (keep pytest<9.2, pyproject.toml)"
+        )
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
