@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import secrets
 import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,7 +29,10 @@ from splitlab.train.worker import WorkerScheduler
 from splitlab.train.wrr import AdaptiveWeights
 from splitlab.wire.tcp import TcpTransport
 
-JOIN_TIMEOUT_S = 600.0
+# The longest a window may take: past it a node is taken to hang. A backstop for waits the
+# schedulers do not time out themselves; it counts from the last window either node finished,
+# not from the start, so a long run on a starved host (a study beside other work) goes on.
+STALL_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -53,8 +57,8 @@ def run_loopback(
         on_window: called by the owner thread after each window (e.g. to time or evaluate).
 
     Raises:
-        the first node's error (the other node aborts through the bus), or RuntimeError when a
-        thread does not finish within JOIN_TIMEOUT_S.
+        the first node's error (the other node aborts through the bus), or RuntimeError when
+        neither node finished a window for STALL_TIMEOUT_S.
     """
     settings = settings or SchedulerSettings(max_inflight=2, timeout_s=60.0)
     session = f"s{uuid.uuid4().hex[:10]}"
@@ -71,6 +75,7 @@ def run_loopback(
     )
     losses: list[float] = []
     errors: dict[str, BaseException] = {}
+    progress = [time.monotonic()]  # when a node last finished a window
 
     def control(name: str) -> ControlEndpoint:
         bus = make_bus(
@@ -89,6 +94,7 @@ def run_loopback(
             )  # fmt: skip
             for window_id, batches in enumerate(windows):
                 losses.extend(scheduler.run_window(window_id, list(batches)))
+                progress[0] = time.monotonic()
                 if on_window is not None:
                     on_window(window_id)
         finally:
@@ -103,6 +109,7 @@ def run_loopback(
             )  # fmt: skip
             for window_id in range(len(windows)):
                 scheduler.run_window(window_id)
+                progress[0] = time.monotonic()
         finally:
             ctl.close()
 
@@ -120,9 +127,13 @@ def run_loopback(
         for thread in threads:
             thread.start()
         for thread in threads:
-            thread.join(timeout=JOIN_TIMEOUT_S)
-            if thread.is_alive():
-                raise RuntimeError(f"{thread.name} did not finish in {JOIN_TIMEOUT_S:.0f} s")
+            while thread.is_alive():
+                thread.join(timeout=1.0)
+                if thread.is_alive() and time.monotonic() - progress[0] > STALL_TIMEOUT_S:
+                    raise RuntimeError(
+                        f"{thread.name}: no window finished in {STALL_TIMEOUT_S:.0f} s "
+                        f"({len(losses)} microbatches done of {sum(map(len, windows))})"
+                    )
         if errors:
             raise next(iter(errors.values()))
         return LoopbackResult(

@@ -10,6 +10,9 @@ For each family, with the cut at both ends (front -> body and body -> tail, resi
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import torch
 from model_helpers import adapter_of, tiny_config, twin
@@ -21,6 +24,7 @@ from splitlab.config.schema import SftConfig
 from splitlab.models.families import INPUT_IDS, LABELS, PAD_MASK
 from splitlab.models.load import load_model
 from splitlab.models.plan import u_shape_plan
+from splitlab.train import loopback
 from splitlab.train.loopback import run_loopback
 from splitlab.train.nodes import OwnerNode, WorkerNode, partition_parameters
 from splitlab.train.parts import build_training_parts
@@ -82,3 +86,33 @@ def test_low_rank_cuts_over_tcp_match_unsplit_and_cut_bytes_by_h_over_r(family: 
     assert 0.9 * HIDDEN / RANK <= ratio["tail"] <= HIDDEN / RANK, (compressed, uncompressed)
     assert 0.6 * HIDDEN / RANK <= ratio["front"] <= HIDDEN / RANK, (compressed, uncompressed)
     print(f"{family}: bytes per microbatch {uncompressed} -> {compressed}, ratio {ratio}")
+
+
+def loopback_nodes() -> tuple[OwnerNode, WorkerNode, list[list]]:
+    front, body, tail = build_training_parts(wide_model("bert"), PLAN, sft=SftConfig())
+    owner = OwnerNode("o0", front, tail, adamw(partition_parameters(front, tail)))
+    worker = WorkerNode("w0", body, adamw(partition_parameters(body)))
+    batches = data("bert")
+    return owner, worker, [batches[i : i + 1] for i in range(len(batches))]
+
+
+def test_a_slow_run_outlasts_the_stall_timeout_while_windows_finish(monkeypatch) -> None:
+    """The stall timeout counts from the last finished window, not from the start: four windows
+    of ~0.6 s each run 2.4 s, past a 1 s timeout, and finish."""
+    monkeypatch.setattr(loopback, "STALL_TIMEOUT_S", 1.0)
+    owner, worker, windows = loopback_nodes()
+    result = run_loopback(owner, worker, windows, on_window=lambda _: time.sleep(0.6))
+    assert len(result.losses) == len(windows)
+
+
+def test_a_window_that_never_finishes_is_named_after_the_stall_timeout(monkeypatch) -> None:
+    monkeypatch.setattr(loopback, "STALL_TIMEOUT_S", 1.0)
+    owner, worker, windows = loopback_nodes()
+    release = threading.Event()
+    try:
+        with pytest.raises(
+            RuntimeError, match=r"no window finished in 1 s \(1 microbatches done of 4\)"
+        ):
+            run_loopback(owner, worker, windows, on_window=lambda _: release.wait(30))
+    finally:
+        release.set()
