@@ -94,12 +94,25 @@ EXCLUSIVE = ("testbed", "slurm")  # markers whose tests share one machine-wide r
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker turns the groups into node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Group each test for `--dist loadgroup`: its marker's group if it needs an exclusive
-    resource, else its file."""
+    resource, else its file. On an xdist worker, also hand out the longest groups first (the
+    exclusive ones, then by their count of `slow` tests; `--no-loadscope-reorder` keeps this
+    order): a long group started last is the run's tail, one worker busy and one idle."""
+    groups: dict[str, str] = {}
     for item in items:
-        if item.get_closest_marker("xdist_group"):
-            continue
-        marker = next((m for m in EXCLUSIVE if item.get_closest_marker(m)), None)
-        item.add_marker(pytest.mark.xdist_group(marker or item.nodeid.split("::")[0]))
+        if (mark := item.get_closest_marker("xdist_group")) is None:
+            exclusive = next((m for m in EXCLUSIVE if item.get_closest_marker(m)), None)
+            decorator = pytest.mark.xdist_group(exclusive or item.nodeid.split("::")[0])
+            item.add_marker(decorator)
+            mark = decorator.mark
+        groups[item.nodeid] = str(mark.args[0] if mark.args else mark.kwargs.get("name"))
+    if hasattr(config, "workerinput"):
+        slow: dict[str, int] = {}
+        for item in items:
+            slow[groups[item.nodeid]] = slow.get(groups[item.nodeid], 0) + bool(
+                item.get_closest_marker("slow")
+            )
+        weight = {g: (g not in EXCLUSIVE, -n) for g, n in slow.items()}
+        items.sort(key=lambda item: weight[groups[item.nodeid]])  # stable: file order kept
 
 
 def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
