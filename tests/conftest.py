@@ -94,9 +94,10 @@ EXCLUSIVE = ("testbed", "slurm")  # markers whose tests share one machine-wide r
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker turns the groups into node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Group each test for `--dist loadgroup`: its marker's group if it needs an exclusive
-    resource, else its file. On an xdist worker, also hand out the longest groups first (the
-    exclusive ones, then by their count of `slow` tests; `--no-loadscope-reorder` keeps this
-    order): a long group started last is the run's tail, one worker busy and one idle."""
+    resource, else its file. On an xdist worker, also order the groups (`--no-loadscope-reorder`
+    keeps the order): `slurm` first, the longest (a job's time limit), so it is not the run's
+    tail; then by their count of `slow` tests; `testbed` last, where its rates and timings do
+    not share the cores with the Slurm sweeps' processes."""
     groups: dict[str, str] = {}
     for item in items:
         if (mark := item.get_closest_marker("xdist_group")) is None:
@@ -111,7 +112,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             slow[groups[item.nodeid]] = slow.get(groups[item.nodeid], 0) + bool(
                 item.get_closest_marker("slow")
             )
-        weight = {g: (g not in EXCLUSIVE, -n) for g, n in slow.items()}
+        weight = {g: (g != "slurm", g == "testbed", -n) for g, n in slow.items()}
         items.sort(key=lambda item: weight[groups[item.nodeid]])  # stable: file order kept
 
 
