@@ -32,6 +32,15 @@ MIN_QUEUE_BYTES = 64 << 10
 BURST_S = 0.002  # default bucket depth: this long at the link's rate
 QUEUE_S = 0.050  # default queue bound: this long at the link's rate
 OFFLOADS = ("tso", "gso", "gro")
+# TCP hands the qdisc GSO super-packets even with gso off on the device (it segments after the
+# qdisc), sized by the device's gso_max_segs. A tbf can never send a packet longer than its
+# bucket: it waits for tokens it cannot hold and re-arms its timer forever. So a rate change
+# that shrinks the bucket under a queued super-packet wedged the link for good (ring3_edge,
+# link_degrade 2.2 -> 1.2 Mbit/s: a 13.8 KB bucket became 7.6 KB under 15 queued packets of
+# ~3.2 KB on average, and the KV of a migration never crossed). One segment per packet from every
+# stack that sends into the testbed (each host's veth, the root's) keeps every packet within
+# MIN_BURST_BYTES.
+GSO_MAX_SEGS = "1"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,6 +103,7 @@ def _link_commands(layout: Layout, host: str, link: TestbedLinkConfig) -> list[l
             "netns",
             hub,
         ],  # fmt: skip
+        ["ip", "-n", ns, "link", "set", h_if, "gso_max_segs", GSO_MAX_SEGS],
         ["ip", "-n", ns, "addr", "add", f"{layout.address(host)}/24", "dev", h_if],
         ["ip", "-n", ns, "link", "set", h_if, "up"],
         ["ip", "-n", hub, "link", "set", s_if, "master", layout.bridge, "up"],
@@ -132,6 +142,7 @@ def setup_commands(topology: Topology, layout: Layout) -> list[list[str]]:
             "netns",
             hub,
         ],  # fmt: skip
+        ["ip", "link", "set", layout.root_if, "gso_max_segs", GSO_MAX_SEGS],
         ["ip", "addr", "add", f"{layout.root_address}/24", "dev", layout.root_if],
         ["ip", "link", "set", layout.root_if, "up"],
         ["ip", "-n", hub, "link", "set", layout.uplink_if, "master", br, "up"],

@@ -112,6 +112,10 @@ def test_a_shaped_20_mbit_link_measures_within_10_percent_and_changes_mid_run() 
         assert {p["direction"] for p in tb.probes} == {"up", "down"}
         layout = tb.layout
         assert layout is not None
+        for host in ("a", "b"):  # see testbed.plan.GSO_MAX_SEGS
+            shown = subprocess.run(["ip", "-d", "-n", layout.netns(host), "link", "show",
+                                    layout.host_if(host)], capture_output=True, text=True)  # fmt: skip
+            assert " gso_max_segs 1 " in shown.stdout, shown.stdout + shown.stderr
         across = bulk_mbit(recv_ns=layout.netns("b"), send_ns=layout.netns("a"),
                            recv_host=layout.address("b"), duration_s=1.0)  # fmt: skip
         assert abs(across / (20 * TCP_GOODPUT) - 1) <= 0.10, across  # headers apart

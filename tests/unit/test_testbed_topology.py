@@ -164,6 +164,10 @@ def test_plan_shapes_each_direction_on_its_own_end_and_leaves_unshaped_links_alo
     assert {c[3] for c in ethtool} == {"sl-ab12cd-edge", "sl-ab12cd-hub"}
     assert all("gso" in c and "tso" in c for c in ethtool)
     assert cmds[0] == ["ip", "netns", "add", "sl-ab12cd-hub"]
+    # one segment a packet from every stack that sends in, shaped or not (a tbf wedges on a
+    # queued packet longer than a bucket a rate change shrank)
+    segs = {c[-3] for c in cmds if c[-2:] == ["gso_max_segs", "1"]}
+    assert segs == {"slab12cdh0", "slab12cdh1", layout.root_if}
 
 
 def test_host_command_joins_cgroups_then_enters_the_namespace() -> None:
