@@ -174,6 +174,9 @@ def planner_arms(args: Any) -> dict[str, dict]:
     """The planner fields of each arm `--planners` names (noop first: the baseline)."""
     fields = {"noop": {"name": "noop"},
               "adaptive": {"name": "adaptive", "hysteresis": args.hysteresis},
+              # the compute-only controller #16 names: link_obs never read, bypass or not
+              "adaptive_compute": {"name": "adaptive", "hysteresis": args.hysteresis,
+                                   "links": False},
               "model": {"name": "model", "hysteresis": args.hysteresis,
                         "horizon_tokens": args.horizon_tokens,
                         **({"calibration": args.calibration} if args.calibration else {})}}  # fmt: skip
@@ -237,11 +240,12 @@ def run_scenario(base: list[str], *, args: Any, drift: dict, steady: dict | None
         report.add_ratio(f"{arm}_over_noop_tpot{suffix}", med[arm] / med["noop"])
         report.add_ratio(f"{arm}_over_noop_effective{suffix}", eff[arm] / eff["noop"])
         report.add_target(f"{arm}_over_noop_effective{suffix}", eff[arm] / eff["noop"], 1.0, "<=")
-    if {"model", "adaptive"} <= set(planners):
-        report.add_ratio(f"model_over_adaptive_tpot{suffix}", med["model"] / med["adaptive"])
-        report.add_ratio(f"model_over_adaptive_effective{suffix}", eff["model"] / eff["adaptive"])
-        report.add_target(f"model_over_adaptive_effective{suffix}", eff["model"] / eff["adaptive"],
-                          1.0, "<=")  # fmt: skip
+    for other in ("adaptive", "adaptive_compute"):
+        if {"model", other} <= set(planners):
+            report.add_ratio(f"model_over_{other}_tpot{suffix}", med["model"] / med[other])
+            report.add_ratio(f"model_over_{other}_effective{suffix}", eff["model"] / eff[other])
+            report.add_target(f"model_over_{other}_effective{suffix}", eff["model"] / eff[other],
+                              1.0, "<=")  # fmt: skip
     print(json.dumps(summary, indent=1), file=sys.stderr)
     return summary
 
@@ -270,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--planners",
         default="adaptive,model",
-        help="arms beside noop, comma-separated: adaptive, model",
+        help="arms beside noop, comma-separated: adaptive, adaptive_compute (links=false), model",
     )
     p.add_argument("--profiles", default="one_slow_node",
                    help="replayed drift profiles (off a testbed), comma-separated: "

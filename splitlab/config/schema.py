@@ -347,6 +347,7 @@ class AdaptivePlannerConfig(PlannerConfig):
     calibration_key: str | None = None  # its record (model/device/dtype); None = its only one
     link_low: float = 0.5  # architecture.bypass: skip a middle stage whose link_obs falls below
     link_high: float = 0.9  # ... and give a skipped one a block back at link_obs >= this
+    links: bool = True  # false: compute only, link_obs never read (no route-around with bypass)
 
 
 @dataclass

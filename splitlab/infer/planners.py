@@ -26,6 +26,7 @@ parameters (`splitlab.config.schema`); `make_planner(cfg)` builds one from that 
   With `architecture.bypass` it also reads `link_obs`: a middle stage behind a link below
   `link_low` gives all its blocks to its neighbours at once (the ring then skips it), balancing
   runs over the stages that own blocks, and a skipped stage takes a block back at `link_high`.
+  `planner.links=false` keeps it compute-only (the link rule never runs, bypass or not).
 - `model` (`ModelPlanner`): the same stage model from a calibration (`Calibration`: decode fit,
   L_n, link latency and per-byte time; defaults named where the file is silent) corrected by
   the observations (compute trend from q_cmp_obs, each hop's bytes over its link at link_obs
@@ -341,11 +342,13 @@ class Adaptive:
     a middle stage whose observed link factor (`link_obs`) fell below `link_low` gives all its
     blocks to its neighbours in one reconfiguration (the ring then skips it: no cut removes a
     hop otherwise), and a skipped stage whose link is back at `link_high` or better takes one
-    block back; compute balancing runs over the stages that own blocks."""
+    block back; compute balancing runs over the stages that own blocks. With `links` False
+    (`planner.links=false`) it reads no link_obs: compute balancing only, bypass or not."""
 
     hysteresis: float = 0.15
     cost: CostModel | None = None
     name: str = "adaptive"
+    links: bool = True  # False: compute only (`planner.links=false`), the link rule never runs
     history: list[tuple[int, ...]] = field(default_factory=list)
     bypass: bool = False
     link_low: float = 0.5
@@ -378,7 +381,7 @@ class Adaptive:
         obs = list(view.obs) + [None] * (n - len(view.obs))
         models = [None if s is None else stage_model(s, cost=self.cost, context=view.context)
                   for s in stats]  # fmt: skip
-        if self.bypass and n > 2:
+        if self.bypass and self.links and n > 2:
             link = self._link_rule(view, models, obs)
             if link is not None:
                 return link
@@ -932,7 +935,7 @@ def _adaptive(cfg: AdaptivePlannerConfig) -> Adaptive:
             "0 < link_low < link_high <= 1"
         )
     return Adaptive(hysteresis=cfg.hysteresis, cost=cost, link_low=cfg.link_low,
-                    link_high=cfg.link_high)  # fmt: skip
+                    link_high=cfg.link_high, links=cfg.links)  # fmt: skip
 
 
 register_planner("noop", NoopPlannerConfig, lambda cfg: Noop())

@@ -165,6 +165,9 @@ def test_adaptive_with_bypass_routes_around_a_stage_behind_a_slow_link() -> None
         WindowView(token=20, cuts=(10, 20), num_layers=30, stats=tuple(stats), obs=tuple(slow))
     )
     assert d.cuts == (10, 10)
+    # compute-only (planner.links=false): blind to the link, bypass or not
+    only = make_planner(AdaptivePlannerConfig(links=False), bypass=True)
+    assert only.decide(view).cuts == (10, 20)
 
 
 def test_adaptive_balances_the_stages_that_own_blocks_while_one_is_skipped() -> None:
