@@ -80,7 +80,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                       help="member: final partition state; coordinator: FedAvg history JSON")  # fmt: skip
     test.add_argument("--windows", type=int, help="windows this process runs per round")
     test.add_argument("--echo", action="store_true", help="stage: the model-free echo model")
-    test.add_argument("--ctrl-fault", choices=["nack", "hang"], help="stage: barrier fault")
+    test.add_argument(
+        "--ctrl-fault", choices=["nack", "hang", "slow_kv"], help="stage: barrier fault"
+    )
     test.add_argument("--parity-override", action="append", default=[],
                       help="stage: FIELD=VALUE in this stage's reported versions")  # fmt: skip
     test.add_argument("--scripted-shifts",

@@ -92,6 +92,7 @@ class Migrator:
         self.cuts = tuple(cuts)
         self.index, self.dtype, self.timeout_s = index, dtype, timeout_s
         self.kv_prev, self.kv_next = kv_prev, kv_next
+        self.send_delay_s = 0.0  # testing only (`--ctrl-fault slow_kv`): KV as over a slow link
         self._pending: tuple[tuple[int, ...], tuple[Move, ...]] | None = None
         self._prepared: _Prepared | None = None
 
@@ -155,14 +156,14 @@ class Migrator:
         return True
 
     def _take_prepared(self, cuts: tuple[int, ...], wanted: Sequence[int],
-                       report: PrestageReport) -> dict[int, Any] | None:  # fmt: skip
-        """The blocks prepared for exactly this configuration (waiting for their thread), or
-        None when nothing matching was prepared."""
+                       report: PrestageReport, *, deadline: float) -> dict[int, Any] | None:  # fmt: skip
+        """The blocks prepared for exactly this configuration (waiting for their thread until
+        `deadline`, monotonic), or None when nothing matching was prepared."""
         job, self._prepared = self._prepared, None
         if job is None or job.cuts != cuts or job.layer_ids != tuple(wanted):
             return None
         assert job.thread is not None
-        job.thread.join(timeout=self.timeout_s)
+        job.thread.join(timeout=max(0.0, deadline - time.monotonic()))
         if job.thread.is_alive():
             raise WaitTimeoutError(
                 f"stage {self.stage}: preparing blocks {list(wanted)} did not finish within "
@@ -245,6 +246,8 @@ class Migrator:
 
             def send(port: Any = port, tensors: dict = tensors, meta: dict = meta) -> None:
                 try:
+                    if self.send_delay_s:
+                        time.sleep(self.send_delay_s)
                     port.send("kv", tensors, meta=meta)
                 except BaseException as exc:  # re-raised after the join
                     errors.append(exc)
@@ -263,17 +266,25 @@ class Migrator:
         try:
             if incoming:
                 t0 = time.perf_counter()
+                # one timeout for the blocks and their KV: the head counts on an answer within
+                # two (window.ANSWER_TIMEOUTS: this, then the sends' join below)
+                deadline = time.monotonic() + self.timeout_s
                 wanted = [i for m in incoming for i in m.layer_ids]
-                blocks = self._take_prepared(cuts, wanted, report)
+                blocks = self._take_prepared(cuts, wanted, report, deadline=deadline)
                 if blocks is None:
                     blocks = self._load(wanted)
                 compute.stage_blocks(blocks)
                 t1 = time.perf_counter()
+
+                def recv(donor: int) -> Any:
+                    left = max(1e-3, deadline - time.monotonic())
+                    return self._port(donor).recv(timeout_s=left)
+
                 for m in incoming:
-                    msg = self._port(m.donor).recv(timeout_s=self.timeout_s)
+                    msg = recv(m.donor)
                     while int(msg.meta.get("epoch", epoch)) < epoch:  # left over from an abort
                         msg.release()
-                        msg = self._port(m.donor).recv(timeout_s=self.timeout_s)
+                        msg = recv(m.donor)
                     try:
                         self._check_kv(msg, m, pos=pos, epoch=epoch)
                         nbytes = compute.stage_kv(msg.tensors, m.layer_ids)

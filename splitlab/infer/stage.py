@@ -88,7 +88,7 @@ class StageRun:
     planner: PlannerConfig
     drift: DriftConfig | None  # None = no drift
     testbed: Topology | None = None  # the testbed this stage runs on; None = none
-    ctrl_fault: str | None = None  # testing: nack or hang at the first barrier
+    ctrl_fault: str | None = None  # testing: nack, hang or slow_kv at the barriers
     spin_us: float = SPIN_US  # transport.spin_us: how long a receive looks before it sleeps
     parity_override: dict[str, str] = field(default_factory=dict)  # testing: versions skew
     scripted_shifts: list[tuple[int, int, int]] = field(default_factory=list)  # testing: the

@@ -12,6 +12,14 @@ blocks (`prepare`: decided now, from these ACKs, for the token W steps on; every
 the blocks it will receive while the ring decodes the window). A stage that times out or is
 lost aborts e as fatal: the survivors hear ABORT{fatal} and stop, the head raises, no further
 token is emitted.
+
+Timing (`timeout_s`: `architecture.ctrl_timeout_s`): a stage's pre-stage receives its KV within
+one timeout and joins its KV sends within another (`Migrator.prestage`), so it answers within
+`ANSWER_TIMEOUTS` timeouts of PROPOSE, a NACK when a transfer did not make it. The head waits
+that long for every answer (at least one timeout after its own pre-stage), and a stage waits
+one timeout more than that for COMMIT/ABORT. With equal waits everywhere a stage whose KV
+crossed a slow link NACKed just as the head gave it up (fatal), or a stage that ACKed at once
+gave up on the head while the head still waited for another stage's KV.
 When generation ends at a barrier step the head sends CLOSE instead.
 
 Stage (`StageControl`): waits for PROPOSE or CLOSE, pre-stages (`Migrator.prestage`), answers
@@ -66,6 +74,7 @@ from splitlab.telemetry.records import MigrationRecord, WindowRecord
 from splitlab.telemetry.trace import Tracer
 
 log = logging.getLogger(__name__)
+ANSWER_TIMEOUTS = 2  # timeouts after PROPOSE within which a stage answers (KV in, KV sends out)
 
 
 class CtrlPipe(Protocol):
@@ -238,7 +247,10 @@ class StageControl:
         self.stage, self.window, self.ctrl, self.migrator = stage, window, ctrl, migrator
         self.drift, self.tracer = drift, tracer or Tracer.null()
         self.timeout_s, self.entry_timeout_s = timeout_s, entry_timeout_s
-        self.fault = fault  # testing only: "nack" refuses every epoch, "hang" stalls in pre-stage
+        self.fault = fault  # testing only: "nack" refuses every epoch, "hang" stalls in pre-stage,
+        # "slow_kv" sends its KV 1.5 timeouts late (a transfer over a link too slow for a barrier)
+        if fault == "slow_kv":
+            migrator.send_delay_s = 1.5 * timeout_s
         self.state = StageBarrier(stage)
         self.deferred = _Deferred(self.tracer, migrator)
         self.link = LinkRise()
@@ -317,7 +329,7 @@ class StageControl:
         t_acked = time.perf_counter()
         while True:
             try:
-                reply = self.ctrl.recv(timeout_s=self.timeout_s)
+                reply = self.ctrl.recv(timeout_s=(ANSWER_TIMEOUTS + 1) * self.timeout_s)
             except SplitlabError as exc:
                 self.migrator.abort()
                 raise type(exc)(f"stage {self.stage}: epoch {msg.epoch} neither committed nor aborted ({exc}); stopping") from exc  # fmt: skip
@@ -475,7 +487,8 @@ class HeadControl:
         verdict = self.state.on_answer(own)
         answers: dict[int, Ack | Nack] = {0: own}
         answer_ms: dict[str, float] = {}  # per stage: PROPOSE sent -> its answer read
-        deadline = time.monotonic() + self.timeout_s
+        # every stage answers within ANSWER_TIMEOUTS of PROPOSE (see the module docstring)
+        deadline = max(time.monotonic() + self.timeout_s, t0 + ANSWER_TIMEOUTS * self.timeout_s)
         for stage, ctrl in self.ctrls.items():
             while stage not in answers:
                 try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import json
+import time
 import weakref
 
 import pytest
@@ -88,6 +89,19 @@ def test_nack_aborts_the_epoch_and_decoding_goes_on(tiny9, noshift) -> None:
     assert [c.span.start for c in computes[1:]] == CUTS  # nothing moved
 
 
+def test_kv_that_misses_the_barrier_is_nacked_and_decoding_goes_on(tiny9, noshift) -> None:
+    """Stage 1 gives block 5 to stage 2, its KV 1.5 timeouts late (a slow link): stage 2 and
+    stage 1 NACK about a timeout after PROPOSE, the head (not in the move) hears them in time
+    and aborts the epoch instead of declaring a stage lost; the ring decodes on unchanged."""
+    result, computes = local_ring(tiny9, CUTS, PROMPT, GenParams(max_new_tokens=12), window=5,
+                                  faults={1: "slow_kv"}, ctrl_timeout_s=0.5,
+                                  planner=ForcedShift(at_token=5, shift_k=-1, boundary=2))  # fmt: skip
+    assert result.token_ids == noshift[:12]
+    assert [w["aborted"] for w in result.windows] == [True, False]  # the shift, then a hold
+    assert "refused epoch 1" in result.windows[0]["decision"]  # a NACK, not a lost stage
+    assert [c.span.start for c in computes[1:]] == CUTS  # nothing moved
+
+
 def test_release_frees_a_given_away_block_without_a_full_collection(tiny9) -> None:
     """Release is off the token path but shares the host's cores: no gc walk of the model."""
     part, _ = load_part(open_checkpoint(tiny9), Span(0, 3, has_embeddings=True, has_head=False))
@@ -140,10 +154,13 @@ def test_prepared_blocks_are_taken_only_for_the_cuts_they_were_built_for(tiny9) 
     assert job is not None and job.layer_ids == (2,)
     job.thread.join(timeout=30)
     assert job.error is None and set(job.blocks) == {2}
-    assert migrator._take_prepared((2, 5), [2], report := PrestageReport()) is None  # other cuts
+    later = time.monotonic() + 30
+    assert (
+        migrator._take_prepared((2, 5), [2], report := PrestageReport(), deadline=later) is None
+    )  # other cuts
     assert migrator._prepared is None and not report.prepared
     assert migrator.prepare([2, 6])
-    taken = migrator._take_prepared((2, 6), [2], report)
+    taken = migrator._take_prepared((2, 6), [2], report, deadline=later)
     assert set(taken) == {2} and report.prepared and report.prepare_ms > 0.0
     assert compute.layer_ids == [3, 4, 5]  # building ahead changed nothing live
 
@@ -156,7 +173,7 @@ def test_a_failed_preparation_is_raised_by_the_prestage_that_takes_it(tiny9) -> 
     migrator2.index.key_files.clear()  # the read fails inside the thread
     assert migrator2.prepare([2, 6])
     with pytest.raises(Exception, match="load_blocks"):
-        migrator2._take_prepared((2, 6), [2], PrestageReport())
+        migrator2._take_prepared((2, 6), [2], PrestageReport(), deadline=time.monotonic() + 30)
 
 
 @pytest.mark.slow
