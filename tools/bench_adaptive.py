@@ -103,13 +103,13 @@ def group_overrides(group: str, fields: dict) -> list[str]:
 def run_arm(base: list[str], *, window: int, planner: dict, drift: dict, tag: str,
             testbed: Any = None) -> dict:  # fmt: skip
     """One ring run (on `testbed` when given); the arm's figures from the head's result and
-    trace."""
+    trace, or {"tag", "run_dir", "failed": the group's diagnosis} when the ring failed."""
     run_dir = Path(tempfile.mkdtemp(prefix=f"bench_adaptive-{tag}-"))
     cfg = compose_config([*base, *group_overrides("planner", planner),
                           *group_overrides("drift", drift)])  # fmt: skip
     group, result = run_ring(cfg, run_dir=run_dir, timeout_s=900, testbed=testbed)
     if group.exit_code != 0 or result is None:
-        raise SystemExit(f"ring failed ({tag}): {group.diagnosis()}")
+        return {"tag": tag, "run_dir": str(run_dir), "failed": group.diagnosis()}
     cuts = list(resolve_ring(cfg).cuts)  # where the run started
     windows = [w for w in head_records(run_dir, "window") if w.get("barrier_ms") is not None]
     tpot = result["tpot_ms"][window:]  # tpot_ms[i] is decode step i + 1: skip the first window
@@ -196,20 +196,29 @@ def run_scenario(base: list[str], *, args: Any, drift: dict, steady: dict | None
     if steady is not None:
         arms["steady"], drifts["steady"] = arms["noop"], steady
     runs: dict[str, list[dict]] = {arm: [] for arm in arms}
+    failed: dict[str, list[str]] = {}  # a failed run is reported and left out of the figures
     for rep in range(reps):
         order = list(arms) if rep % 2 == 0 else list(reversed(arms))
         for arm in order:
             row = run_arm(base, window=args.window, planner=arms[arm], drift=drifts[arm],
                           tag=f"{name}-{arm}-{rep}", testbed=testbed)  # fmt: skip
-            runs[arm].append(row)
             report.add_result(scenario=name, rep=rep, arm=arm,
                               **{k: v for k, v in row.items() if k != "token_ids"})  # fmt: skip
+            if "failed" in row:
+                failed.setdefault(arm, []).append(row["failed"])
+                print(f"{name} rep {rep} {arm:8s}: FAILED: {row['failed']}", file=sys.stderr)
+                continue
+            runs[arm].append({**row, "rep": rep})
             print(f"{name} rep {rep} {arm:8s}: mean TPOT {row['tpot_mean_ms']:.2f} ms (effective "
                   f"{row['effective_mean_ms']:.2f}), final cuts {row['cuts'][-1]}, {row['moves']} moves",
                   file=sys.stderr)  # fmt: skip
+    if not runs["noop"]:
+        raise SystemExit(f"{name}: every noop run failed: {failed['noop'][0]}")
+    runs = {arm: rows for arm, rows in runs.items() if rows}
     first = runs["noop"][0]["token_ids"]
     identical = all(r["token_ids"] == first for arm in runs.values() for r in arm)
-    planners = [arm for arm in arms if arm not in ("noop", "steady")]
+    planners = [arm for arm in runs if arm not in ("noop", "steady")]
+    by_rep = {r["rep"]: r for r in runs["noop"]}
     med = {arm: median([r["tpot_mean_ms"] for r in rows]) for arm, rows in runs.items()}
     eff = {arm: median([r["effective_mean_ms"] for r in rows]) for arm, rows in runs.items()}
     final = {arm: runs[arm][-1]["cuts"][-1] for arm in planners}
@@ -220,16 +229,17 @@ def run_scenario(base: list[str], *, args: Any, drift: dict, steady: dict | None
         "tpot_median_ms": med, "effective_median_ms": eff,
         "link_median_ms": {arm: median([r["link_mean_ms"] for r in rows]) for arm, rows in runs.items()},
         "ratio_over_noop": {arm: med[arm] / med["noop"] for arm in planners},
-        "paired_ratios": {arm: [a["tpot_mean_ms"] / n["tpot_mean_ms"] for n, a in
-                                zip(runs["noop"], runs[arm], strict=True)] for arm in planners},
+        "paired_ratios": {arm: [a["tpot_mean_ms"] / by_rep[a["rep"]]["tpot_mean_ms"]
+                                for a in runs[arm] if a["rep"] in by_rep] for arm in planners},
         "tokens_identical": identical, "cuts_before": cuts, "cuts_after": final,
         "slow_stage_blocks_before": before, "slow_stage_blocks_after": after,
         "blocks_moved_off_slow_host": {arm: after[arm] < before for arm in planners},
         "cut_trajectory": {arm: runs[arm][-1]["cuts"] for arm in planners},
         "moves": {arm: [r["moves"] for r in runs[arm]] for arm in planners},
         "kernel_changes": runs["noop"][-1]["kernel_changes"],
+        "failed": failed,
     }  # fmt: skip
-    if steady is not None:
+    if steady is not None and "steady" in runs:
         summary["phi_effect"] = phi_effect(runs["noop"], runs["steady"], phi=args.phi,
                                            slow_stage=args.slow_stage)  # fmt: skip
     report.add_result(**summary)
@@ -331,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
             ))  # fmt: skip
     report.write(args.out)
     identical = all(s["tokens_identical"] for s in summaries)
-    return report.exit_code(require_quiet=args.require_quiet) or (0 if identical else 1)
+    ok = identical and not any(s["failed"] for s in summaries)
+    return report.exit_code(require_quiet=args.require_quiet) or (0 if ok else 1)
 
 
 if __name__ == "__main__":
