@@ -164,8 +164,10 @@ class PartCompute:
                 raise ProtocolError(f"stage_blocks: block {i} is already on this stage")
             self._staged_blocks[i] = block.to(self.device)
 
-    def stage_kv(self, tensors: Mapping[str, torch.Tensor], layer_ids: Sequence[int]) -> int:
-        """Pre-stage received KV for `layer_ids` (copied); returns its bytes.
+    def stage_kv(self, tensors: Mapping[str, torch.Tensor], layer_ids: Sequence[int], *,
+                 copy: bool = True) -> int:  # fmt: skip
+        """Pre-stage received KV for `layer_ids` (copied, unless `copy=False` hands over
+        tensors the caller owns); returns its bytes.
 
         The weights must already be resident: KV for a block that is not staged is refused.
         """
@@ -178,7 +180,7 @@ class PartCompute:
             except KeyError:
                 raise ProtocolError(f"stage_kv: no k{i}/v{i} among {sorted(tensors)}") from None
             layer = _kv_layer()
-            k, v = k.to(self.device, copy=True), v.to(self.device, copy=True)
+            k, v = k.to(self.device, copy=copy), v.to(self.device, copy=copy)
             layer.lazy_initialization(k, v)
             layer.keys, layer.values = k, v
             self._staged_kv[i] = layer

@@ -22,9 +22,13 @@ Nothing live changes before COMMIT: the donor still owns (and could keep decodin
 block it sent, which is what makes an abort recoverable. `commit` swaps pointers on both
 sides, `abort` drops the staging area, `release` frees what the commit detached, timed apart.
 
-KV frame on a neighbour channel: kind "kv", meta {epoch, layer_ids, pos}, tensors k<i>, v<i>
-(1 x kv heads x pos x head dim each); its size is asserted to be
-len(layer_ids) x pos x 2 x kv heads x head dim x dtype bytes.
+KV frames on a neighbour channel: kind "kv", meta {epoch, layer_ids, pos, at, n}, tensors
+k<i>, v<i> (1 x kv heads x n x head dim each: positions [at, at + n) of the move, in order,
+each frame at most `kv_chunks.KV_CHUNK_BYTES`, so a receiver meets its deadline between
+frames on a slow link); the move's size is asserted to be
+len(layer_ids) x pos x 2 x kv heads x head dim x dtype bytes. A sender that outlives the
+pre-stage's deadline stops before its next chunk; what a receiver left unread (an aborted
+epoch) is dropped by the next pre-stage.
 
     .venv/bin/python tools/check_migration.py --tokens 40 --shift-at 20
     .venv/bin/pytest tests/equivalence/test_migration_ring.py -q
@@ -41,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from splitlab.errors import ProtocolError, SplitlabError, WaitTimeoutError
 from splitlab.infer.compute import PartCompute, StageCompute
+from splitlab.infer.kv_chunks import KvAssembly, chunk_of, chunk_spans
 from splitlab.infer.reshard import Move, moves_between, span_bounds, stage_moves
 
 if TYPE_CHECKING:
@@ -60,6 +65,9 @@ class PrestageReport:
     kv_bytes_in: int = 0
     kv_bytes_out: int = 0
     kv_bytes_per_block_token: int = 0  # 2 x kv heads x head dim x dtype bytes
+    kv_frames_in: int = 0
+    kv_frames_out: int = 0
+    kv_stale_frames: int = 0  # frames of an aborted epoch dropped on the way
     prepared: bool = False  # the incoming blocks were built ahead, off the barrier
     prepare_ms: float = 0.0  # that background build (not part of the pause)
 
@@ -92,7 +100,8 @@ class Migrator:
         self.cuts = tuple(cuts)
         self.index, self.dtype, self.timeout_s = index, dtype, timeout_s
         self.kv_prev, self.kv_next = kv_prev, kv_next
-        self.send_delay_s = 0.0  # testing only (`--ctrl-fault slow_kv`): KV as over a slow link
+        self.send_delay_s = 0.0  # testing only (`--ctrl-fault slow_kv`): the next pre-stage's
+        # first KV chunk goes this late, as over a link too slow for the barrier
         self._pending: tuple[tuple[int, ...], tuple[Move, ...]] | None = None
         self._prepared: _Prepared | None = None
 
@@ -210,14 +219,16 @@ class Migrator:
         report.kv_bytes_per_block_token = per_token
         t_send = time.perf_counter()
         senders, errors, owed = [], [], list(outgoing)
+        stop = threading.Event()  # set when the pre-stage gives up: senders end between chunks
         try:
             self._start_senders(
-                outgoing, owed, senders, errors, pos=pos, epoch=epoch, report=report
+                outgoing, owed, senders, errors, stop, pos=pos, epoch=epoch, report=report
             )
         except BaseException:
+            stop.set()
             self._cancel(owed, epoch)
             raise
-        return self._receive(incoming, senders, errors, cuts=cuts, pos=pos, epoch=epoch,
+        return self._receive(incoming, senders, errors, stop, cuts=cuts, pos=pos, epoch=epoch,
                              report=report, t_send=t_send)  # fmt: skip
 
     def _cancel(self, owed: list[Move], epoch: int) -> None:
@@ -228,10 +239,13 @@ class Migrator:
             except Exception:
                 pass
 
-    def _start_senders(self, outgoing, owed, senders, errors, *, pos, epoch, report) -> None:  # noqa: ANN001
+    def _start_senders(self, outgoing, owed, senders, errors, stop, *, pos, epoch, report) -> None:  # noqa: ANN001
         compute = self.compute
         assert isinstance(compute, PartCompute)
         per_token = report.kv_bytes_per_block_token
+        delay_s = self.send_delay_s if outgoing else 0.0  # the fault delays one transfer
+        if outgoing:
+            self.send_delay_s = 0.0
         for m in outgoing:
             tensors = {k: t.contiguous() for k, t in compute.export_kv(m.layer_ids).items()}
             nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
@@ -243,12 +257,18 @@ class Migrator:
             report.kv_bytes_out += nbytes
             port = self._port(m.receiver)
             meta = {"epoch": epoch, "layer_ids": list(m.layer_ids), "pos": pos}
+            spans = chunk_spans(pos, len(m.layer_ids) * per_token)
+            report.kv_frames_out += len(spans)
 
-            def send(port: Any = port, tensors: dict = tensors, meta: dict = meta) -> None:
+            def send(port: Any = port, tensors: dict = tensors, meta: dict = meta,
+                     spans: list = spans) -> None:  # fmt: skip
                 try:
-                    if self.send_delay_s:
-                        time.sleep(self.send_delay_s)
-                    port.send("kv", tensors, meta=meta)
+                    for i, (at, n) in enumerate(spans):
+                        if stop.is_set():
+                            return
+                        if delay_s and not i:  # testing: the first chunk is on a slow link
+                            time.sleep(delay_s)
+                        port.send("kv", chunk_of(tensors, at, n), meta={**meta, "at": at, "n": n})
                 except BaseException as exc:  # re-raised after the join
                     errors.append(exc)
 
@@ -258,7 +278,7 @@ class Migrator:
             owed.remove(m)
 
     def _receive(
-        self, incoming, senders, errors, *, cuts, pos, epoch, report, t_send
+        self, incoming, senders, errors, stop, *, cuts, pos, epoch, report, t_send
     ) -> PrestageReport:  # noqa: ANN001
         compute = self.compute
         assert isinstance(compute, PartCompute)
@@ -281,15 +301,19 @@ class Migrator:
                     return self._port(donor).recv(timeout_s=left)
 
                 for m in incoming:
-                    msg = recv(m.donor)
-                    while int(msg.meta.get("epoch", epoch)) < epoch:  # left over from an abort
-                        msg.release()
+                    kv = KvAssembly(m.layer_ids, pos)
+                    while not kv.done:  # chunk by chunk: the deadline holds between them
                         msg = recv(m.donor)
-                    try:
-                        self._check_kv(msg, m, pos=pos, epoch=epoch)
-                        nbytes = compute.stage_kv(msg.tensors, m.layer_ids)
-                    finally:
-                        msg.release()
+                        try:
+                            if int(msg.meta.get("epoch", epoch)) < epoch:  # left by an abort
+                                report.kv_stale_frames += 1
+                                continue
+                            self._check_kv(msg, m, pos=pos, epoch=epoch)
+                            kv.add(msg.tensors, at=msg.meta["at"], n=msg.meta["n"])
+                            report.kv_frames_in += 1
+                        finally:
+                            msg.release()
+                    nbytes = compute.stage_kv(kv.tensors, m.layer_ids, copy=False)
                     expect = len(m.layer_ids) * pos * per_token if per_token else nbytes
                     if nbytes != expect:
                         raise ProtocolError(
@@ -306,6 +330,7 @@ class Migrator:
             for thread in senders:
                 thread.join(timeout=max(0.0, deadline - time.monotonic()))
             report.send_ms = (time.perf_counter() - t_send) * 1e3
+            stop.set()  # a sender still running (a slow link) sends no further chunk
         if any(t.is_alive() for t in senders):
             raise WaitTimeoutError(
                 f"stage {self.stage}: KV send did not finish within timeout_s={self.timeout_s}"
@@ -328,6 +353,11 @@ class Migrator:
                 f"stage {self.stage}: KV for blocks {meta.get('layer_ids')} at pos "
                 f"{meta.get('pos')}, expected {list(move.layer_ids)} at {pos}"
             )
+        for key in ("at", "n"):
+            if type(meta.get(key)) is not int:
+                raise ProtocolError(
+                    f"stage {self.stage}: KV chunk meta {key}={meta.get(key)!r}, expected an int"
+                )
 
     def commit(self) -> float:
         """Apply the pre-staged configuration; returns the pointer-swap time (ms)."""

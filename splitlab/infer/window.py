@@ -31,7 +31,8 @@ commit_ms, release_ms, n_acks, aborted, decision, obs, cuts, token; a stage adds
 PROPOSE read -> its answer sent, and reply_wait_ms, answer sent -> COMMIT/ABORT read; the head
 adds answer_ms, PROPOSE sent -> each stage's answer read) and one `migration` record
 per move a stage takes part in (boundary, k, role, weights_ms, kv_ms, commit_ms, pause_ms,
-kv_bytes, kv_bytes_per_block_token, release_ms, prepared, prepare_ms). Release (dropping the
+kv_bytes, kv_bytes_per_block_token, release_ms, prepared, prepare_ms, kv_frames,
+kv_stale_frames). Release (dropping the
 detached blocks and KV, then empty_cache) runs after the stage's next send, while it would
 otherwise wait on the ring, and is reported on its own.
 
@@ -210,6 +211,8 @@ def _migration_records(report: PrestageReport, *, stage: int, epoch: int, token:
             kv_bytes_per_block_token=report.kv_bytes_per_block_token,
             prepared=receiver and report.prepared,
             prepare_ms=report.prepare_ms if receiver else 0.0,
+            kv_frames=report.kv_frames_in if receiver else report.kv_frames_out,
+            kv_stale_frames=report.kv_stale_frames if receiver else 0,
         ))  # fmt: skip
     return out
 
@@ -248,7 +251,8 @@ class StageControl:
         self.drift, self.tracer = drift, tracer or Tracer.null()
         self.timeout_s, self.entry_timeout_s = timeout_s, entry_timeout_s
         self.fault = fault  # testing only: "nack" refuses every epoch, "hang" stalls in pre-stage,
-        # "slow_kv" sends its KV 1.5 timeouts late (a transfer over a link too slow for a barrier)
+        # "slow_kv" sends its first KV transfer's first chunk 1.5 timeouts late (a link too slow
+        # for a barrier; the next transfer goes on time and finds that chunk stale)
         if fault == "slow_kv":
             migrator.send_delay_s = 1.5 * timeout_s
         self.state = StageBarrier(stage)

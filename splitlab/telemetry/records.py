@@ -150,6 +150,8 @@ class MigrationRecord(Record):
     release_ms: float = 0.0
     prepared: bool = False  # receiver: weights built ahead, while the ring decoded
     prepare_ms: float = 0.0  # receiver: that background build (not part of pause_ms)
+    kv_frames: int = 0  # the KV's frames, sent or received (splitlab.infer.kv_chunks)
+    kv_stale_frames: int = 0  # receiver: frames of an aborted epoch dropped before them
 
 
 # --- training ------------------------------------------------------------------------------------

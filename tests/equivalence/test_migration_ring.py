@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from splitlab.configure import compose_config
+from splitlab.infer import kv_chunks
 from splitlab.infer.compute import PartCompute
 from splitlab.infer.migration import Migrator, PrestageReport
-from splitlab.infer.planners import Decision, ForcedShift, WindowView
+from splitlab.infer.planners import Decision, ForcedShift, Scripted, WindowView
 from splitlab.infer.ring import GenParams
 from splitlab.launch.ring import run_ring
 from splitlab.models.plan import Span
@@ -33,8 +34,9 @@ COMBOS = [(b, k) for b in (1, 2) for k in (1, -1, 2, -2)]
 
 @pytest.mark.parametrize(("boundary", "k"), COMBOS, ids=[f"b{b}{k:+d}" for b, k in COMBOS])
 def test_in_process_shift_keeps_every_token(
-    tiny9, noshift, boundary: int, k: int, tmp_path
+    tiny9, noshift, boundary: int, k: int, tmp_path, monkeypatch
 ) -> None:
+    monkeypatch.setattr(kv_chunks, "KV_CHUNK_BYTES", 512)  # 2-4 positions a frame: 6-12 frames
     tracers = [Tracer.open(tmp_path / f"stage-{i}.jsonl", role="stage", rank=i) for i in range(3)]
     result, computes = local_ring(tiny9, CUTS, PROMPT, GEN, window=5, tracers=tracers,
                                   planner=ForcedShift(at_token=15, shift_k=k, boundary=boundary))  # fmt: skip
@@ -89,17 +91,45 @@ def test_nack_aborts_the_epoch_and_decoding_goes_on(tiny9, noshift) -> None:
     assert [c.span.start for c in computes[1:]] == CUTS  # nothing moved
 
 
-def test_kv_that_misses_the_barrier_is_nacked_and_decoding_goes_on(tiny9, noshift) -> None:
-    """Stage 1 gives block 5 to stage 2, its KV 1.5 timeouts late (a slow link): stage 2 and
-    stage 1 NACK about a timeout after PROPOSE, the head (not in the move) hears them in time
-    and aborts the epoch instead of declaring a stage lost; the ring decodes on unchanged."""
-    result, computes = local_ring(tiny9, CUTS, PROMPT, GenParams(max_new_tokens=12), window=5,
-                                  faults={1: "slow_kv"}, ctrl_timeout_s=0.5,
-                                  planner=ForcedShift(at_token=5, shift_k=-1, boundary=2))  # fmt: skip
-    assert result.token_ids == noshift[:12]
-    assert [w["aborted"] for w in result.windows] == [True, False]  # the shift, then a hold
+class _RetryLater(Scripted):
+    """Scripted, but it thinks for `pause_s` before proposing its second shift (the head waits
+    meanwhile), so the first shift's late KV is on the wire before the second's is asked for."""
+
+    def __init__(self, shifts: list[tuple[int, int, int]], pause_s: float) -> None:
+        super().__init__(shifts)
+        self.pause_s, self.asked = pause_s, 0
+
+    def decide(self, view: WindowView) -> Decision:
+        self.asked += 1
+        if self.asked == 2:
+            time.sleep(self.pause_s)
+        return super().decide(view)
+
+
+def test_kv_that_misses_the_barrier_is_nacked_and_decoding_goes_on(
+    tiny9, noshift, monkeypatch, tmp_path
+) -> None:
+    """Stage 1 gives block 5 to stage 2, the first chunk of its KV 1.5 timeouts late (a slow
+    link): stage 2 and stage 1 NACK about a timeout after PROPOSE, the head (not in the move)
+    hears them in time and aborts the epoch instead of declaring a stage lost, and stage 1
+    sends no further chunk. The same shift a window later moves the block: stage 2 drops the
+    late chunk of the aborted epoch, takes the new one's 5 chunks, and no token changes."""
+    monkeypatch.setattr(kv_chunks, "KV_CHUNK_BYTES", 512)  # 4 positions of one block a frame
+    tracers = [Tracer.open(tmp_path / f"stage-{i}.jsonl", role="stage", rank=i) for i in range(3)]
+    result, computes = local_ring(tiny9, CUTS, PROMPT, GenParams(max_new_tokens=16), window=5,
+                                  faults={1: "slow_kv"}, ctrl_timeout_s=0.5, tracers=tracers,
+                                  planner=_RetryLater([(5, 2, -1), (10, 2, -1)], pause_s=0.6))  # fmt: skip
+    for t in tracers:
+        t.close()
+    assert result.token_ids == noshift[:16]
+    assert [w["aborted"] for w in result.windows] == [True, False]
     assert "refused epoch 1" in result.windows[0]["decision"]  # a NACK, not a lost stage
-    assert [c.span.start for c in computes[1:]] == CUTS  # nothing moved
+    assert [c.span.start for c in computes[1:]] == [3, 5]  # the second try moved block 5
+    records = [json.loads(x) for x in (tmp_path / "stage-2.jsonl").open()]
+    (moved,) = [r for r in records if r["kind"] == "migration"]
+    # 8 + 10 positions x 128 B in 512 B frames, after the aborted epoch's one late frame
+    assert (moved["epoch"], moved["kv_frames"], moved["kv_stale_frames"]) == (2, 5, 1)
+    assert moved["kv_bytes"] == 18 * 128
 
 
 def test_release_frees_a_given_away_block_without_a_full_collection(tiny9) -> None:
