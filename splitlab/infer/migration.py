@@ -297,7 +297,14 @@ class Migrator:
                 t1 = time.perf_counter()
 
                 def recv(donor: int) -> Any:
-                    left = max(1e-3, deadline - time.monotonic())
+                    # checked here: a recv looks once before it waits, and on a slow link the
+                    # next frame's header is there as soon as the last one's payload is in
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise WaitTimeoutError(
+                            f"stage {self.stage}: KV from stage {donor} not in within "
+                            f"timeout_s={self.timeout_s}"
+                        )
                     return self._port(donor).recv(timeout_s=left)
 
                 for m in incoming:

@@ -10,11 +10,13 @@ import gc
 import json
 import time
 import weakref
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from splitlab.configure import compose_config
+from splitlab.errors import WaitTimeoutError
 from splitlab.infer import kv_chunks
 from splitlab.infer.compute import PartCompute
 from splitlab.infer.migration import Migrator, PrestageReport
@@ -204,6 +206,34 @@ def test_a_failed_preparation_is_raised_by_the_prestage_that_takes_it(tiny9) -> 
     assert migrator2.prepare([2, 6])
     with pytest.raises(Exception, match="load_blocks"):
         migrator2._take_prepared((2, 6), [2], PrestageReport(), deadline=time.monotonic() + 30)
+
+
+class _Flood:
+    """A KV port on which a frame is always there, each taking `frame_s` to read: the late
+    frames of an aborted epoch, queued behind each other on a slow link."""
+
+    def __init__(self, frame_s: float) -> None:
+        self.frame_s, self.read = frame_s, 0
+
+    def recv(self, *, timeout_s: float) -> SimpleNamespace:
+        time.sleep(self.frame_s)
+        self.read += 1
+        return SimpleNamespace(kind="kv", meta={"epoch": 1}, tensors={}, release=lambda: None)
+
+
+def test_a_stream_of_frames_cannot_hold_a_receiver_past_its_deadline(tiny9) -> None:
+    """Stage 1 takes block 2 (epoch 2) while stage 0's link still delivers epoch 1's late
+    frames back to back: it gives up at its timeout, not when the stream ends."""
+    migrator, compute = _stage1(tiny9)
+    flood = _Flood(frame_s=0.05)
+    migrator.kv_prev, migrator.timeout_s = flood, 0.5
+    t0 = time.monotonic()
+    with pytest.raises(WaitTimeoutError, match="KV from stage 0 not in within timeout_s=0.5"):
+        migrator.prestage([2, 6], pos=PROMPT.shape[1], epoch=2)
+    assert time.monotonic() - t0 < 0.5 + 3 * flood.frame_s + 1.0  # one frame past, plus load
+    assert 5 <= flood.read <= 11
+    migrator.abort()
+    assert compute.layer_ids == [3, 4, 5]
 
 
 @pytest.mark.slow
