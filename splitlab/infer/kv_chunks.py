@@ -7,9 +7,8 @@ reads a frame it has started to its end, so a receiver checks its deadline only 
 frames, and one frame's crossing time is how far past its deadline a slow link can hold it.
 A one-block SmolLM2 move's KV (~430 KB, one frame) took ~70 s at the ~0.05 Mbit/s of
 `link_degrade`'s end on `ring3_edge`: the receiver could not NACK, and the head gave it up
-as lost. 32 KiB is
-~5 s at that rate, inside the second timeout the head waits for an answer
-(`splitlab.infer.window.ANSWER_TIMEOUTS`), and ~30 us of framing on loopback.
+as lost. 32 KiB is ~5 s at that rate, inside the second timeout the head waits for an
+answer (`splitlab.infer.window.ANSWER_TIMEOUTS`), and ~30 us of framing on loopback.
 
     .venv/bin/pytest tests/unit/test_kv_chunks.py -q
 """

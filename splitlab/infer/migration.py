@@ -247,7 +247,7 @@ class Migrator:
         if outgoing:
             self.send_delay_s = 0.0
         for m in outgoing:
-            tensors = {k: t.contiguous() for k, t in compute.export_kv(m.layer_ids).items()}
+            tensors = compute.export_kv(m.layer_ids)  # each chunk is made contiguous as sent
             nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
             if nbytes != len(m.layer_ids) * pos * per_token:
                 raise ProtocolError(

@@ -32,9 +32,8 @@ PROPOSE read -> its answer sent, and reply_wait_ms, answer sent -> COMMIT/ABORT 
 adds answer_ms, PROPOSE sent -> each stage's answer read) and one `migration` record
 per move a stage takes part in (boundary, k, role, weights_ms, kv_ms, commit_ms, pause_ms,
 kv_bytes, kv_bytes_per_block_token, release_ms, prepared, prepare_ms, kv_frames,
-kv_stale_frames). Release (dropping the
-detached blocks and KV, then empty_cache) runs after the stage's next send, while it would
-otherwise wait on the ring, and is reported on its own.
+kv_stale_frames). Release (dropping the detached blocks and KV, then empty_cache) runs after
+the stage's next send, while it would otherwise wait on the ring, and is reported on its own.
 
     .venv/bin/pytest tests/integration/test_barrier_control_plane.py -q
 """
