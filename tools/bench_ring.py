@@ -39,7 +39,8 @@ from splitlab.errors import tool_exit
 from splitlab.infer.prompt import encode_prompt
 from splitlab.infer.ring import GenParams
 from splitlab.infer.topology import resolve_ring
-from splitlab.launch.ring import STAGE_ROLE, model_ref, run_ring, stage_env
+from splitlab.launch.ring import STAGE_ROLE, model_ref, run_ring
+from splitlab.launch.threads import omp_env, stage_threads, thread_env
 from splitlab.models.plan import ring_plan
 from splitlab.models.shard import load_part_hf, open_checkpoint, owned_bytes
 from splitlab.reference.generate import generate_reference
@@ -115,16 +116,16 @@ def one_process_arm(folder: str, tokens: int, device: str = "cpu") -> int:
     return 0
 
 
-def one_process_fresh(tb: Testbed | None, folder: Path, tokens: int,
+def one_process_fresh(tb: Testbed | None, folder: Path, tokens: int, env: dict[str, str],
                       device: str = "cpu") -> dict[str, Any]:  # fmt: skip
-    """`one_process_arm` in a fresh process under the stages' OpenMP policy (`stage_env`);
-    on a testbed inside the head's host (its CPU quota and thread count)."""
+    """`one_process_arm` in a fresh process under the stages' OpenMP policy and thread count
+    (`env`); on a testbed inside the head's host (its CPU quota and thread count win)."""
     argv = [sys.executable, __file__, ONE_PROCESS_FLAG, str(folder), "--tokens", str(tokens),
             DEVICE_FLAG, device]  # fmt: skip
     if tb is not None:
         argv = place(tb, STAGE_ROLE, 0).wrap(argv)
     done = subprocess.run(argv, capture_output=True, text=True,
-                          env={**os.environ, **stage_env()}, timeout=1800)  # fmt: skip
+                          env={**os.environ, **env}, timeout=1800)  # fmt: skip
     if done.returncode != 0:
         raise RuntimeError(f"the one-process arm exited {done.returncode}: {done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -162,10 +163,12 @@ def main(argv: list[str] | None = None) -> int:
             "prompt_len": int(prompt_ids.shape[1]),
         })  # fmt: skip
         budget_share = 1.0  # the head host's share of the stage hosts' CPU budgets
-        if tb is None:
-            report.config.update(hosts=HOSTS, threads_per_process=torch.get_num_threads())
-            report.add_arm("ring_stage", thread_policy(torch_threads=torch.get_num_threads(),
-                                                       env={**os.environ, **stage_env()}))  # fmt: skip
+        if tb is None:  # the stages' count on this host (`stage_children`)
+            threads = stage_threads(stages=len(cuts) + 1, cores=os.cpu_count() or 1)
+            arm_env = thread_env(threads)
+            report.config.update(hosts=HOSTS, threads_per_process=int(arm_env["OMP_NUM_THREADS"]))
+            report.add_arm("ring_stage", thread_policy(torch_threads=int(arm_env["OMP_NUM_THREADS"]),
+                                                       env={**os.environ, **arm_env}))  # fmt: skip
         else:
             topo = tb.topology
             stage_hosts = [place(tb, STAGE_ROLE, i).host for i in range(len(cuts) + 1)]
@@ -178,16 +181,12 @@ def main(argv: list[str] | None = None) -> int:
                 hosts=[tb.address(h) for h in stage_hosts], testbed=tb.record(),
                 one_process_host=stage_hosts[0], threads_per_process=threads,
             )  # fmt: skip
-            # the stages' policy: their host's thread count (Testbed.command) and stage_env
-            report.add_arm(
-                "ring_stage",
-                thread_policy(
-                    torch_threads=threads, env={"OMP_NUM_THREADS": str(threads), **stage_env()}
-                ),
-            )
+            # the stages' policy: their host's thread count (Testbed.command) and omp_env
+            arm_env = {"OMP_NUM_THREADS": str(threads), **omp_env()}
+            report.add_arm("ring_stage", thread_policy(torch_threads=threads, env=arm_env))
         one, ring, profiles, costs, same = [], [], [], [], True
         for rep in range(reps):
-            arm = one_process_fresh(tb, folder, tokens, cfg.device)
+            arm = one_process_fresh(tb, folder, tokens, arm_env, cfg.device)
             ref_tpot, ref_ttft, ref_ids = arm["tpot_ms_median"], arm["ttft_ms"], arm["token_ids"]
             report.add_arm("one_process", arm["threads"])
             one.append(ref_tpot)

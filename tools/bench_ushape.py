@@ -26,7 +26,7 @@ send, recv, idle, barrier waits, step) and the CPU time the process got (`cpu_ms
 loaded machine (wall >> cpu) and transport time (send + recv) show apart from compute.
 `--node-env KEY=VALUE` sets the node processes' environment (the launcher already gives each
 node its role's OpenMP threads, `splitlab.launch.train.role_threads`). Every arm runs with idle
-OpenMP threads sleeping after a short spin (`splitlab.launch.ring.stage_env` unless set): on a shared machine spinning threads
+OpenMP threads sleeping after a short spin (`splitlab.launch.threads.omp_env` unless set): on a shared machine spinning threads
 that wait for descheduled siblings cost the 2-thread unsplit arm and the nodes alike up to
 ~8x the CPU per sample, which would measure the load rather than the split.
 
@@ -44,9 +44,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from splitlab.launch.ring import stage_env  # noqa: E402 - imports no torch
+from splitlab.launch.threads import omp_env  # noqa: E402 - imports no torch
 
-os.environ.update(stage_env())  # before torch loads OpenMP; the nodes inherit it
+os.environ.update(omp_env())  # before torch loads OpenMP; the nodes inherit it
 
 import torch
 

@@ -51,6 +51,7 @@ from splitlab.errors import ConfigError, ExitCode
 from splitlab.infer.folders import RANDOM_CHECKPOINT, RESULT_FILE, model_folder
 from splitlab.infer.topology import resolve_ring
 from splitlab.launch.supervisor import ChildSpec, GroupResult, run_group
+from splitlab.launch.threads import stage_threads, thread_env
 from splitlab.preflight import preflight
 from splitlab.testbed.netns import TestbedError
 from splitlab.testbed.placement import (
@@ -85,27 +86,6 @@ def pick_base_port(hosts: Sequence[str], *, tries: int = 50) -> int:
         if ports_free(hosts, base):
             return base
     raise ConfigError(f"no free set of {len(hosts)} ports found on {list(hosts)}")
-
-
-SPIN_COUNT = 20000  # GOMP_SPINCOUNT: busy-wait iterations before an idle OpenMP thread sleeps
-
-
-def stage_env() -> dict[str, str]:
-    """OpenMP environment of stage and training processes: idle threads spin `SPIN_COUNT`
-    iterations, then sleep (libgomp's `GOMP_SPINCOUNT` under `OMP_WAIT_POLICY=PASSIVE`).
-
-    Only one stage computes at a time. With the default policy (300,000 spins, ~ms) the idle
-    stages' threads spin on the cores the working one needs; with PASSIVE alone (0 spins)
-    every parallel region of a token wakes sleeping threads through the kernel. In between,
-    threads stay awake across one token's regions (microseconds apart) and sleep while the
-    other stages compute (milliseconds). SmolLM2, 3 stages, 2 cores, quiet, ring TPOT vs one
-    process 33.3 ms (both arms under the same policy, `tools/bench_ring.py`): 0 spins
-    63.6 ms (1.90x), 2,000 57 ms, 8,000 43-50 ms, 20,000 39.2 ms (1.18x), 50,000 40.1 ms,
-    200,000 41-43 ms; the main job 83-85 s -> 77-79 s. A user's own OMP_WAIT_POLICY or
-    GOMP_SPINCOUNT wins (and then nothing else is set).
-    """
-    own = {k: os.environ[k] for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in os.environ}
-    return own or {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": str(SPIN_COUNT)}
 
 
 def model_ref(model: ModelConfig, run_dir: Path, *, seed: int) -> str:
@@ -206,9 +186,12 @@ def stage_children(
 ) -> list[ChildSpec]:
     """One `ChildSpec` per stage, tail first (the head starts generating last); `stage_args`
     adds test-only node flags per stage, `echo` runs the model-free echo model everywhere; on a
-    `testbed` each runs inside its placement's host."""
+    `testbed` each runs inside its placement's host. Each gets `stage_threads` of this host's
+    cores under `thread_env`."""
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
+    # on a testbed its host's own count wins (`Testbed.command`); here they share this host
+    threads = stage_threads(stages=num_stages, cores=os.cpu_count() or 1)
 
     def placed(i: int, argv: list[str]) -> list[str]:
         return argv if testbed is None else node_argv(testbed, STAGE_ROLE, i, argv)
@@ -224,7 +207,7 @@ def stage_children(
                     *(stage_args or {}).get(i, ()),
                 ],
             ),
-            env={SESSION_KEY_ENV: key_hex, **stage_env()},
+            env={SESSION_KEY_ENV: key_hex, **thread_env(threads)},
             log_path=logs / f"stage-{i}.log",
         )  # fmt: skip
         for i in reversed(range(num_stages))

@@ -44,6 +44,7 @@ from splitlab.control.bus import queue_name
 from splitlab.control.membership import new_session_key_hex
 from splitlab.errors import ExitCode, PeerLostError
 from splitlab.launch.supervisor import ChildSpec, run_group
+from splitlab.launch.threads import thread_env
 from splitlab.preflight import preflight
 from splitlab.testbed.placement import (
     control_address,
@@ -188,17 +189,6 @@ def role_threads(*, owners: int, workers: int, cores: int) -> dict[str, int]:
     """
     share = max(1, cores // max(1, owners + workers))
     return {COORDINATOR: share, "owner": share, "worker": max(1, cores // max(1, workers))}
-
-
-def thread_env(threads: int) -> dict[str, str]:
-    """OpenMP settings of one training process: `threads` intra-op threads, idle ones sleep
-    (`stage_env`). With the defaults every node spins a thread per core: on 2 cores the 1x1
-    bench burned 7-9x the CPU per sample under load (tools/bench_ushape.py
-    `cpu_ms_per_sample`). A user's own OMP_NUM_THREADS / OMP_WAIT_POLICY win.
-    """
-    from splitlab.launch.ring import stage_env
-
-    return {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(threads)), **stage_env()}
 
 
 # What the steps after training import (torch, transformers, pandas, matplotlib: ~4.6 s of one

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from splitlab.launch.train import WarmImports, node_secrets, role_threads, thread_env
+from splitlab.launch.threads import stage_threads, thread_env
+from splitlab.launch.train import WarmImports, node_secrets, role_threads
 
 
 @pytest.mark.parametrize(
@@ -37,6 +38,33 @@ def test_a_users_omp_settings_win(monkeypatch: pytest.MonkeyPatch) -> None:
     assert thread_env(2) == {"OMP_NUM_THREADS": "7", "OMP_WAIT_POLICY": "ACTIVE"}
     monkeypatch.setenv("GOMP_SPINCOUNT", "5")
     assert thread_env(2)["GOMP_SPINCOUNT"] == "5"
+
+
+@pytest.mark.parametrize(
+    ("stages", "cores", "threads"), [(3, 2, 1), (3, 16, 5), (2, 2, 1), (1, 2, 2), (4, 1, 1)]
+)
+def test_ring_stages_share_the_hosts_cores(stages: int, cores: int, threads: int) -> None:
+    assert stage_threads(stages=stages, cores=cores) == threads
+
+
+def test_each_local_stage_gets_its_share_unless_the_user_set_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    from splitlab.launch.ring import stage_children
+
+    for var in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    children = stage_children(tmp_path / "config.yaml", 3, run_dir=tmp_path, session="s",
+                              key_hex="ab" * 32)  # fmt: skip
+    assert {c.env["OMP_NUM_THREADS"] for c in children} == {"5"}
+    assert all(c.env["GOMP_SPINCOUNT"] == "20000" for c in children)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    children = stage_children(tmp_path / "config.yaml", 3, run_dir=tmp_path, session="s",
+                              key_hex="ab" * 32)  # fmt: skip
+    assert {c.env["OMP_NUM_THREADS"] for c in children} == {"3"}
 
 
 def test_the_launchers_start_nodes_without_importing_torch_or_pandas() -> None:
