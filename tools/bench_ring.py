@@ -40,7 +40,7 @@ from splitlab.infer.prompt import encode_prompt
 from splitlab.infer.ring import GenParams
 from splitlab.infer.topology import resolve_ring
 from splitlab.launch.ring import STAGE_ROLE, model_ref, run_ring
-from splitlab.launch.threads import omp_env, stage_threads, thread_env
+from splitlab.launch.threads import local_stage_env, omp_env
 from splitlab.models.plan import ring_plan
 from splitlab.models.shard import load_part_hf, open_checkpoint, owned_bytes
 from splitlab.reference.generate import generate_reference
@@ -164,10 +164,10 @@ def main(argv: list[str] | None = None) -> int:
         })  # fmt: skip
         budget_share = 1.0  # the head host's share of the stage hosts' CPU budgets
         if tb is None:  # the stages' count on this host (`stage_children`)
-            threads = stage_threads(stages=len(cuts) + 1, cores=os.cpu_count() or 1)
-            arm_env = thread_env(threads)
-            report.config.update(hosts=HOSTS, threads_per_process=int(arm_env["OMP_NUM_THREADS"]))
-            report.add_arm("ring_stage", thread_policy(torch_threads=int(arm_env["OMP_NUM_THREADS"]),
+            arm_env = local_stage_env(len(cuts) + 1)
+            threads = int(arm_env["OMP_NUM_THREADS"])
+            report.config.update(hosts=HOSTS, threads_per_process=threads)
+            report.add_arm("ring_stage", thread_policy(torch_threads=threads,
                                                        env={**os.environ, **arm_env}))  # fmt: skip
         else:
             topo = tb.topology

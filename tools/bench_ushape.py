@@ -25,7 +25,7 @@ milliseconds per microbatch in each phase (front_fwd, tail, front_bwd, body_fwd,
 send, recv, idle, barrier waits, step) and the CPU time the process got (`cpu_ms`), so a
 loaded machine (wall >> cpu) and transport time (send + recv) show apart from compute.
 `--node-env KEY=VALUE` sets the node processes' environment (the launcher already gives each
-node its role's OpenMP threads, `splitlab.launch.train.role_threads`). Every arm runs with idle
+node its role's OpenMP threads, `splitlab.launch.threads.role_threads`). Every arm runs with idle
 OpenMP threads sleeping after a short spin (`splitlab.launch.threads.omp_env` unless set): on a shared machine spinning threads
 that wait for descheduled siblings cost the 2-thread unsplit arm and the nodes alike up to
 ~8x the CPU per sample, which would measure the load rather than the split.

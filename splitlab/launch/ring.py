@@ -51,7 +51,7 @@ from splitlab.errors import ConfigError, ExitCode
 from splitlab.infer.folders import RANDOM_CHECKPOINT, RESULT_FILE, model_folder
 from splitlab.infer.topology import resolve_ring
 from splitlab.launch.supervisor import ChildSpec, GroupResult, run_group
-from splitlab.launch.threads import stage_threads, thread_env
+from splitlab.launch.threads import local_stage_env
 from splitlab.preflight import preflight
 from splitlab.testbed.netns import TestbedError
 from splitlab.testbed.placement import (
@@ -186,12 +186,12 @@ def stage_children(
 ) -> list[ChildSpec]:
     """One `ChildSpec` per stage, tail first (the head starts generating last); `stage_args`
     adds test-only node flags per stage, `echo` runs the model-free echo model everywhere; on a
-    `testbed` each runs inside its placement's host. Each gets `stage_threads` of this host's
-    cores under `thread_env`."""
+    `testbed` each runs inside its placement's host. Each gets `local_stage_env`: its share of this
+    host's cores."""
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    # on a testbed its host's own count wins (`Testbed.command`); here they share this host
-    threads = stage_threads(stages=num_stages, cores=os.cpu_count() or 1)
+    # on a testbed its host's own count wins (`Testbed.command`)
+    env = local_stage_env(num_stages)
 
     def placed(i: int, argv: list[str]) -> list[str]:
         return argv if testbed is None else node_argv(testbed, STAGE_ROLE, i, argv)
@@ -207,7 +207,7 @@ def stage_children(
                     *(stage_args or {}).get(i, ()),
                 ],
             ),
-            env={SESSION_KEY_ENV: key_hex, **thread_env(threads)},
+            env={SESSION_KEY_ENV: key_hex, **env},
             log_path=logs / f"stage-{i}.log",
         )  # fmt: skip
         for i in reversed(range(num_stages))

@@ -44,7 +44,7 @@ from splitlab.control.bus import queue_name
 from splitlab.control.membership import new_session_key_hex
 from splitlab.errors import ExitCode, PeerLostError
 from splitlab.launch.supervisor import ChildSpec, run_group
-from splitlab.launch.threads import thread_env
+from splitlab.launch.threads import role_threads, thread_env
 from splitlab.preflight import preflight
 from splitlab.testbed.placement import (
     control_address,
@@ -175,20 +175,6 @@ def remove_broker_queues(cfg: Config, session: str, nodes: list[str]) -> None:
                         "%s", session, exc)  # fmt: skip
         else:
             log.debug("deleted the %d queues of session %s", deleted, session)
-
-
-def role_threads(*, owners: int, workers: int, cores: int) -> dict[str, int]:
-    """Intra-op threads per role for training processes sharing `cores`.
-
-    A worker runs the body (most of the model) for every owner, so it is the critical path
-    while the owners mostly wait for it: workers share all cores among themselves; owners and
-    the coordinator (it only averages) get cores // (owners + workers). Idle threads sleep
-    (`thread_env`), so a worker's threads cost nothing while it waits. On 2 cores, the main
-    job (2 owners x 1 worker): 120.2 s with 1 thread each, 102.7 s with the worker on 2,
-    105.0 s with every node on 2 (quiet, load 1.6-2.3, test accuracy 0.796-0.803).
-    """
-    share = max(1, cores // max(1, owners + workers))
-    return {COORDINATOR: share, "owner": share, "worker": max(1, cores // max(1, workers))}
 
 
 # What the steps after training import (torch, transformers, pandas, matplotlib: ~4.6 s of one

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from splitlab.launch.threads import stage_threads, thread_env
-from splitlab.launch.train import WarmImports, node_secrets, role_threads
+from splitlab.launch.threads import role_threads, stage_threads, thread_env
+from splitlab.launch.train import WarmImports, node_secrets
 
 
 @pytest.mark.parametrize(
