@@ -13,6 +13,10 @@ exit arrive; `root_cause` picks the earliest exit of the best rank (pure, tested
 When that cause only timed out or lost a peer, the children still running after the grace are
 named as possibly hung: a frozen node logs nothing, its peers only see their waits run out.
 
+Local node commands (`python -m splitlab.node ...` with a log file) are forked from a zygote
+that imported torch and transformers once (`splitlab.launch.zygote`); the rest are started as
+their own interpreters. Either way a child is its own session leader with its own log.
+
 SIGTERM and SIGINT to the supervisor are handled alike: every child is torn down and the result
 names the signal, with exit code 128 + its number, like a shell. Children are always torn
 down, whatever happens to the supervisor.
@@ -37,6 +41,7 @@ from types import FrameType
 from typing import IO, Any
 
 from splitlab.errors import ExitCode
+from splitlab.launch.zygote import ForkedNode, Zygotes
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +159,9 @@ class _Child:
     even when the supervisor dies with it (SIGKILL). Without one, the output comes over a pipe.
     """
 
-    def __init__(self, spec: ChildSpec, sink: IO[str] | None, tail_lines: int) -> None:
+    def __init__(
+        self, spec: ChildSpec, sink: IO[str] | None, tail_lines: int, zygotes: Zygotes
+    ) -> None:
         self.spec = spec
         env = {
             **os.environ,
@@ -168,7 +175,8 @@ class _Child:
             out = open(spec.log_path, "ab")  # noqa: SIM115 - the child keeps its own copy
             self._offset = out.tell()
         try:
-            self.proc = subprocess.Popen(
+            forked = None if spec.log_path is None else zygotes.spawn(spec.argv, env, out.fileno())
+            self.proc: subprocess.Popen[bytes] | ForkedNode = forked or subprocess.Popen(
                 list(spec.argv),
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -294,9 +302,10 @@ def run_group(
     failed_at: float | None = None
     received: list[int] = []
     previous = _catch_signals(received)
+    zygotes = Zygotes([s.argv for s in specs], pid_env=LAUNCHER_PID_ENV)
     try:
         for spec in specs:
-            children.append(_Child(spec, sink, tail_lines))
+            children.append(_Child(spec, sink, tail_lines, zygotes))
         while True:
             if when_up is not None and all(c.spoke.is_set() for c in children):
                 when_up()
@@ -337,6 +346,7 @@ def run_group(
         try:
             _teardown(children, grace_s)
         finally:
+            zygotes.close()
             _restore_signals(previous)
     results = {
         c.spec.name: ChildResult(c.spec.name, c.proc.returncode, list(c.lines), c.killed)

@@ -75,8 +75,10 @@ def test_signalled_launcher_tears_down_diagnoses_and_exits_128_plus_signal(
         _wait_for(lambda pid=pid: not alive(pid), 5, f"child {pid} to be gone")
 
 
-def _children_of(pid: int) -> list[int]:
-    found = []
+def _nodes_under(pid: int) -> list[int]:
+    """The `splitlab.node` processes below `pid`: its children, or, forked from its zygote
+    (`splitlab.launch.zygote`), its grandchildren."""
+    parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -84,8 +86,16 @@ def _children_of(pid: int) -> list[int]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-            found.append(int(entry.name))
+        parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    below, found = {pid}, []
+    for _ in range(3):
+        below |= {p for p, parent in parents.items() if parent in below}
+    for p in below - {pid}:
+        try:
+            if b"splitlab.node" in Path(f"/proc/{p}/cmdline").read_bytes():
+                found.append(p)
+        except OSError:
+            continue
     return found
 
 
@@ -101,7 +111,7 @@ def test_sigterm_to_the_splitlab_launcher_mid_run(tmp_path: Path) -> None:
     )  # fmt: skip
     try:
         _wait_for(lambda: (run_dir / "checkpoints").is_dir(), 300, "the first round")
-        nodes = _children_of(launcher.pid)
+        nodes = _nodes_under(launcher.pid)
         assert len(nodes) >= 3  # coordinator, owner(s), worker(s)
 
         launcher.send_signal(signal.SIGTERM)

@@ -1,0 +1,415 @@
+"""Start a job's node processes by forking one interpreter that imported torch once.
+
+A node process spends ~3-6 s of CPU importing torch and transformers before it does anything
+(`python -c "import splitlab.train.roles"`: 6.0-6.7 s wall, 5.5 s CPU on 2 loaded cores), and
+a job starts one per node: the main job's four nodes spent ~10 s on 2 cores before the first
+of them ran, and the test suite's ~220 node starts ~1,000 CPU-s. The zygote imports what the
+job's roles need once (`preload`), never computes, and forks a node per request; each child
+sets its own environment, threads and output, and runs `splitlab.node`'s `main` as
+`python -m splitlab.node` would.
+
+What a forked node keeps from a started one:
+- Its command line: the child rewrites its argv area (`retitle`), so `ps`, `pgrep -f` and
+  `tools/fault_matrix.py` see `python -m splitlab.node --config ... --role ...`. The zygote is
+  started with `TITLE_ROOM` bytes of room for it.
+- Its environment: `os.environ` is the node's own. Only `POST_FORK_KEYS` may differ between
+  the zygote and its children (nothing reads them at import); children whose other variables
+  differ get a zygote of their own (`import_env`). OpenMP reads `OMP_NUM_THREADS`,
+  `OMP_WAIT_POLICY` and `GOMP_SPINCOUNT` when torch loads it, so the wait policy is part of
+  the zygote's environment and the thread count is applied with `torch.set_num_threads`.
+- Its signals and exit: it is its own session leader, as a started node is; its exit status
+  reaches the supervisor through the zygote (`ForkedNode`, a `Popen` look-alike). It dies
+  with the zygote (`die_with_launcher`, `$SPLITLAB_LAUNCHER_PID` naming the zygote), and the
+  zygote dies with the supervisor, so a launcher killed outright still takes its nodes along.
+
+Only plain local node commands (`sys.executable -m splitlab.node ...` with a log file) are
+forked; testbed nodes (`ip netns exec ...`) and anything else are started as before, and so
+is everything when the zygote cannot start (its error is logged). `SPLITLAB_FORK_NODES=0`
+turns it off.
+
+    .venv/bin/pytest tests/unit/test_launch_zygote.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import runpy
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+log = logging.getLogger(__name__)
+
+NODE_MODULE = "splitlab.node"
+FORK_ENV = "SPLITLAB_FORK_NODES"  # "0": start every node as its own interpreter
+POST_FORK_KEYS = ("OMP_NUM_THREADS",)  # and every SPLITLAB_* variable: read at run time only
+ROLE_MODULES = {"stage": "splitlab.infer.stage"}  # what a role imports; others: ROLE_DEFAULT
+ROLE_DEFAULT = "splitlab.train.roles"
+TITLE_ROOM = 4096  # bytes of argv area a child can write its own command line into
+READY_TIMEOUT_S = 120.0  # the preload on a loaded host; longer means the zygote is stuck
+MESSAGE_BYTES = 1 << 20
+
+
+def enabled(env: Mapping[str, str] = os.environ) -> bool:
+    return sys.platform.startswith("linux") and env.get(FORK_ENV, "1") != "0"
+
+
+def forkable(argv: Sequence[str]) -> bool:
+    """Whether `argv` is a plain local node command that a zygote can run."""
+    return list(argv[:3]) == [sys.executable, "-m", NODE_MODULE]
+
+
+def import_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The part of a child's environment its zygote must have had when it imported: all but
+    `POST_FORK_KEYS` and `SPLITLAB_*`. Children with equal import environments share one."""
+    return {
+        k: v for k, v in env.items() if k not in POST_FORK_KEYS and not k.startswith("SPLITLAB_")
+    }
+
+
+def preload(argvs: Sequence[Sequence[str]]) -> list[str]:
+    """The modules the nodes `argvs` import for their roles (`--role`), in a stable order."""
+    modules = {NODE_MODULE}
+    for argv in argvs:
+        role = argv[argv.index("--role") + 1] if "--role" in argv[:-1] else ""
+        modules.add(ROLE_MODULES.get(role, ROLE_DEFAULT))
+    return sorted(modules)
+
+
+# --- the supervisor's side ---------------------------------------------------------------
+
+
+class ForkedNode:
+    """A node forked by a zygote, seen through what `subprocess.Popen` offers the supervisor:
+    `pid`, `poll`, `wait` and `returncode`. The exit status arrives on `reply`, the node's own
+    socket to the zygote; if the zygote vanishes first, the node has been sent SIGTERM with it
+    (its parent-death signal), and that is the status reported once the node is gone.
+    Thread-safe: the supervisor's loop and a child's log reader both poll."""
+
+    stdout = None
+
+    def __init__(self, argv: Sequence[str], pid: int, reply: socket.socket) -> None:
+        self.args = list(argv)
+        self.pid = pid
+        self.returncode: int | None = None
+        self._reply = reply
+        self._zygote_gone = False
+        self._lock = threading.Lock()
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._read(0.0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+            self._read(0.1 if left is None else min(0.1, left))
+        return self.returncode
+
+    def _read(self, timeout: float) -> None:
+        with self._lock:  # the supervisor's loop and the log reader both poll
+            if self.returncode is None:
+                self._read_locked(timeout)
+
+    def _read_locked(self, timeout: float) -> None:
+        if self._zygote_gone:
+            if not _alive(self.pid):
+                self.returncode = -signal.SIGTERM
+            else:
+                time.sleep(timeout)
+            return
+        if not select.select([self._reply], [], [], timeout)[0]:
+            return
+        data = self._reply.recv(MESSAGE_BYTES)
+        if not data:
+            self._zygote_gone = True
+            return
+        self.returncode = int(json.loads(data)["returncode"])
+        self._reply.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return Path(f"/proc/{pid}/stat").exists() and _state(pid) != "Z"
+
+
+def _state(pid: int) -> str:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "Z"
+    return stat[stat.rindex(")") + 2 :].split()[0]
+
+
+class Zygote:
+    """One zygote process and the control socket requests go over (`spawn`). `start` waits
+    until it has imported `modules`; `close` lets it exit once its children have."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], control: socket.socket) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+        self._control = control
+
+    @classmethod
+    def start(cls, env: Mapping[str, str], modules: Sequence[str], *, pid_env: str) -> Zygote:
+        """Start a zygote with environment `env` (`pid_env` naming this process: it dies with
+        it) and wait until it has imported `modules`."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        argv = [sys.executable, "-m", __name__, str(theirs.fileno()), *modules, " " * TITLE_ROOM]
+        try:
+            proc = subprocess.Popen(
+                argv,
+                env={**env, "PYTHONUNBUFFERED": "1", pid_env: str(os.getpid())},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                pass_fds=[theirs.fileno()],
+                start_new_session=True,  # the terminal's Ctrl-C goes to the supervisor only
+            )
+        finally:
+            theirs.close()
+        zygote = cls(proc, ours)
+        if not select.select([ours], [], [], READY_TIMEOUT_S)[0]:
+            zygote.kill()
+            raise RuntimeError(f"still importing {', '.join(modules)} after {READY_TIMEOUT_S} s")
+        answer = json.loads(ours.recv(MESSAGE_BYTES) or b'{"error": "exited while importing"}')
+        if "error" in answer:
+            zygote.kill()
+            raise RuntimeError(answer["error"])
+        return zygote
+
+    def spawn(
+        self, argv: Sequence[str], env: Mapping[str, str], output: int, cwd: str | None = None
+    ) -> ForkedNode:
+        """Fork node `argv` with environment `env`, writing its stdout and stderr to the
+        descriptor `output`."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        request = {"argv": list(argv), "env": dict(env), "cwd": cwd or os.getcwd()}
+        try:
+            socket.send_fds(
+                self._control, [json.dumps(request).encode()], [output, theirs.fileno()]
+            )
+        finally:
+            theirs.close()
+        if not select.select([ours], [], [], READY_TIMEOUT_S)[0]:
+            ours.close()
+            raise RuntimeError("the zygote did not answer a fork request")
+        answer = json.loads(ours.recv(MESSAGE_BYTES) or b'{"error": "the zygote exited"}')
+        if "error" in answer:
+            ours.close()
+            raise RuntimeError(answer["error"])
+        return ForkedNode(argv, int(answer["pid"]), ours)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """No more requests: the zygote exits once its children have."""
+        self._control.close()
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        self._control.close()
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+class Zygotes:
+    """The zygotes of one process group, started on its first forkable child: one per import
+    environment (`import_env`), each preloading what all of the group's roles import. After a
+    zygote fails to start, the rest of the group is started as before."""
+
+    def __init__(self, argvs: Sequence[Sequence[str]], *, pid_env: str) -> None:
+        self._modules = preload([a for a in argvs if forkable(a)])
+        self._pid_env = pid_env
+        self._zygotes: dict[str, Zygote] = {}
+        self._failed = not enabled()
+
+    def spawn(self, argv: Sequence[str], env: Mapping[str, str], output: int) -> ForkedNode | None:
+        """Fork node `argv` (full environment `env`, output to descriptor `output`), or None
+        when it must be started as its own interpreter."""
+        if self._failed or not forkable(argv):
+            return None
+        key = json.dumps(import_env(env), sort_keys=True)
+        try:
+            if key not in self._zygotes:
+                self._zygotes[key] = Zygote.start(import_env(env), self._modules,
+                                                  pid_env=self._pid_env)  # fmt: skip
+            zygote = self._zygotes[key]
+            return zygote.spawn(argv, {**env, self._pid_env: str(zygote.pid)}, output)
+        except (OSError, RuntimeError, ValueError) as exc:
+            log.warning("starting nodes as their own interpreters: the zygote failed: %s", exc)
+            self._failed = True
+            return None
+
+    def close(self) -> None:
+        for zygote in self._zygotes.values():
+            zygote.close()
+        self._zygotes.clear()
+
+
+# --- the zygote's side -------------------------------------------------------------------
+
+
+def retitle(argv: Sequence[str]) -> bool:
+    """Make `/proc/self/cmdline` read `argv`, by writing it over this process's argv area
+    (Linux; what `setproctitle` does for C programs): Python keeps its own copy of the
+    arguments, nothing else reads that memory. False when it does not fit."""
+    stat = Path("/proc/self/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()  # fields from the 3rd (state) on
+    start, end = int(fields[47 - 2]), int(fields[48 - 2])  # arg_start, arg_end: 48th, 49th
+    title = "\0".join(argv).encode() + b"\0"
+    if len(title) > end - start:
+        return False
+    with open("/proc/self/mem", "r+b", buffering=0) as mem:
+        mem.seek(start)
+        mem.write(title.ljust(end - start, b"\0"))
+    return True
+
+
+def serve(control: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
+    """Fork a child per request until the control socket closes and every child has been
+    reaped. Returns None in the zygote; in a forked child, its request and descriptors."""
+    children: dict[int, socket.socket] = {}
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    open_ = True
+    while True:
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            reply = children.pop(pid, None)
+            if reply is not None:
+                code = os.waitstatus_to_exitcode(status)
+                _send(reply, {"returncode": code})
+                reply.close()
+        if not open_ and not children:
+            return None
+        watched = [wake_r, control] if open_ else [wake_r]
+        ready = select.select(watched, [], [], 1.0)[0]
+        if wake_r in ready:
+            while True:
+                try:
+                    if not os.read(wake_r, 512):
+                        break
+                except BlockingIOError:
+                    break
+        if control not in ready:
+            continue
+        message, fds, _, _ = socket.recv_fds(control, MESSAGE_BYTES, 2)
+        if not message:
+            open_ = False
+            continue
+        request = json.loads(message)
+        reply = socket.socket(fileno=fds[1])
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            _send(reply, {"error": f"fork: {exc}"})
+            reply.close()
+            os.close(fds[0])
+            continue
+        if pid == 0:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            for other in (*children.values(), control, reply):
+                other.close()
+            os.close(wake_r)
+            os.close(wake_w)
+            return request, [fds[0]]
+        os.close(fds[0])
+        children[pid] = reply
+        _send(reply, {"pid": pid})
+
+
+def _send(sock: socket.socket, message: dict[str, Any]) -> None:
+    try:
+        sock.send(json.dumps(message).encode())
+    except OSError:  # the supervisor has gone: nobody waits for this answer
+        pass
+
+
+def become_node(request: dict[str, Any], output: int) -> NoReturn:
+    """In a forked child: take on the request's session, output, directory, environment,
+    threads and command line, then run its `python -m MODULE ARGS...` as the interpreter
+    would (`runpy`); never returns."""
+    from splitlab.telemetry.log import exit_now
+
+    os.setsid()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(output, 1)
+    os.dup2(output, 2)
+    os.close(devnull)
+    os.close(output)
+    argv = request["argv"]
+    try:
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        threads = os.environ.get("OMP_NUM_THREADS", "")
+        if threads.isdigit() and int(threads) > 0 and "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(int(threads))
+        retitle(argv)
+        sys.argv = [argv[2], *argv[3:]]  # runpy puts the module's path first
+        runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    exit_now(code)
+
+
+def main(argv: list[str]) -> None:
+    """`python -m splitlab.launch.zygote FD MODULE... ROOM`: import the modules, say ready on
+    the control socket FD, serve it."""
+    from splitlab.launch.supervisor import die_with_launcher
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_launcher()
+    control = socket.socket(fileno=int(argv[0]))
+    try:
+        for module in argv[1:-1]:
+            __import__(module)
+    except BaseException:
+        _send(control, {"error": traceback.format_exc(limit=4)})
+        sys.exit(1)
+    _send(control, {"ready": True})
+    child = serve(control)
+    if child is None:
+        sys.exit(0)
+    request, (output,) = child
+    become_node(request, output)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

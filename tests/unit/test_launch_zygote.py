@@ -1,0 +1,173 @@
+"""The zygote: nodes forked from one interpreter that imported once (`splitlab.launch.zygote`).
+
+Real processes: a zygote preloading a cheap module forks a probe module written here, which
+reports what a started node would see (environment, threads, session, command line)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from splitlab.launch import zygote as zy
+from splitlab.launch.supervisor import LAUNCHER_PID_ENV
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux fork/proc")
+
+PROBE = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from splitlab.launch.supervisor import die_with_launcher
+    die_with_launcher()
+    threads = sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None
+    print(json.dumps({
+        "argv": sys.argv[1:], "name": __name__, "marker": os.environ.get("PROBE_MARKER"),
+        "omp": os.environ.get("OMP_NUM_THREADS"), "threads": threads, "cwd": os.getcwd(),
+        "sid": os.getsid(0), "pid": os.getpid(), "ppid": os.getppid(),
+        "cmdline": [a.decode() for a in open("/proc/self/cmdline", "rb").read().split(b"\\0") if a],
+    }), flush=True)
+    if "--sleep" in sys.argv:
+        time.sleep(60)
+    sys.exit(int(sys.argv[sys.argv.index("--exit") + 1]) if "--exit" in sys.argv else 0)
+    """
+)
+
+
+@pytest.fixture
+def probe_env(tmp_path: Path) -> dict[str, str]:
+    (tmp_path / "zygote_probe.py").write_text(PROBE)
+    root = str(Path(__file__).resolve().parents[2])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), root])}
+
+
+def _spawn(z: zy.Zygote, env: dict[str, str], out: Path, *args: str, **extra: str):
+    argv = [sys.executable, "-m", "zygote_probe", *args]
+    with open(out, "ab") as f:
+        return z.spawn(
+            argv, {**env, LAUNCHER_PID_ENV: str(z.pid), **extra}, f.fileno(), str(out.parent)
+        )
+
+
+def _report(out: Path) -> dict:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        text = out.read_text()
+        if text.strip():
+            return json.loads(text.splitlines()[0])
+        time.sleep(0.02)
+    raise AssertionError(f"no report in {out}")
+
+
+def test_pure_helpers() -> None:
+    node = [sys.executable, "-m", "splitlab.node", "--config", "c.yaml", "--role"]
+    assert zy.forkable([*node, "owner"])
+    assert not zy.forkable(["ip", "netns", "exec", "h1", *node, "owner"])
+    assert not zy.forkable([sys.executable, "-c", "pass"])
+    env = {
+        "A": "1",
+        "OMP_NUM_THREADS": "2",
+        "SPLITLAB_NODE_KEY": "ab",
+        "OMP_WAIT_POLICY": "PASSIVE",
+    }
+    assert zy.import_env(env) == {"A": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+    assert zy.preload([[*node, "stage"], [*node, "owner"], [*node, "worker"]]) == [
+        "splitlab.infer.stage", "splitlab.node", "splitlab.train.roles",
+    ]  # fmt: skip
+    assert zy.preload([[*node, "stage"]]) == ["splitlab.infer.stage", "splitlab.node"]
+    assert not zy.enabled({zy.FORK_ENV: "0"})
+
+
+def test_fork_gets_its_own_env_threads_session_and_title(tmp_path, probe_env) -> None:
+    z = zy.Zygote.start(probe_env, ["torch"], pid_env=LAUNCHER_PID_ENV)
+    try:
+        a = _spawn(z, probe_env, tmp_path / "a.log", "--x", "1", "--exit", "3",
+                   PROBE_MARKER="alpha", OMP_NUM_THREADS="1")  # fmt: skip
+        b = _spawn(z, probe_env, tmp_path / "b.log", "--exit", "0", PROBE_MARKER="beta")
+        assert a.wait(timeout=30) == 3 and b.wait(timeout=30) == 0
+        ra, rb = _report(tmp_path / "a.log"), _report(tmp_path / "b.log")
+    finally:
+        z.close()
+    assert z.proc.returncode == 0  # it exits once the control socket closes
+    assert ra["name"] == "__main__" and ra["argv"] == ["--x", "1", "--exit", "3"]
+    assert (ra["marker"], rb["marker"]) == ("alpha", "beta")
+    assert ra["omp"] == "1" and ra["threads"] == 1
+    assert ra["sid"] == ra["pid"] and ra["ppid"] == z.pid  # its own session, the zygote's child
+    assert ra["cwd"] == str(tmp_path)
+    assert ra["cmdline"] == [sys.executable, "-m", "zygote_probe", "--x", "1", "--exit", "3"]
+
+
+def test_kill_and_wait_timeout_are_reported(tmp_path, probe_env) -> None:
+    z = zy.Zygote.start(probe_env, ["json"], pid_env=LAUNCHER_PID_ENV)
+    try:
+        node = _spawn(z, probe_env, tmp_path / "n.log", "--sleep")
+        _report(tmp_path / "n.log")
+        assert node.poll() is None
+        with pytest.raises(subprocess.TimeoutExpired):
+            node.wait(timeout=0.2)
+        errors: list[BaseException] = []
+
+        def poll_until_exit() -> None:  # as a child's log reader does, beside the loop
+            try:
+                while node.poll() is None:
+                    pass
+            except BaseException as exc:
+                errors.append(exc)
+
+        pollers = [threading.Thread(target=poll_until_exit) for _ in range(3)]
+        for t in pollers:
+            t.start()
+        os.killpg(node.pid, signal.SIGKILL)
+        assert node.wait(timeout=10) == -signal.SIGKILL
+        for t in pollers:
+            t.join(timeout=10)
+        assert errors == []
+    finally:
+        z.close()
+
+
+def test_node_dies_with_its_zygote(tmp_path, probe_env) -> None:
+    """The zygote killed outright: its node gets SIGTERM (parent-death signal) and the
+    supervisor's view reports that, instead of waiting forever."""
+    z = zy.Zygote.start(probe_env, ["json"], pid_env=LAUNCHER_PID_ENV)
+    node = _spawn(z, probe_env, tmp_path / "n.log", "--sleep")
+    _report(tmp_path / "n.log")
+    z.kill()
+    assert node.wait(timeout=10) == -signal.SIGTERM
+    assert not zy._alive(node.pid)  # gone, or a zombie its new parent has yet to reap
+
+
+def test_a_zygote_that_cannot_import_names_the_module(probe_env) -> None:
+    with pytest.raises(RuntimeError, match="no_such_module_here"):
+        zy.Zygote.start(probe_env, ["no_such_module_here"], pid_env=LAUNCHER_PID_ENV)
+
+
+def test_zygotes_fall_back_to_plain_starts(tmp_path, monkeypatch, caplog) -> None:
+    node = [sys.executable, "-m", "splitlab.node", "--role", "owner"]
+    assert zy.Zygotes([node], pid_env=LAUNCHER_PID_ENV).spawn(["ip", "netns"], {}, 1) is None
+    monkeypatch.setattr(zy, "preload", lambda argvs: ["no_such_module_here"])
+    pool = zy.Zygotes([node], pid_env=LAUNCHER_PID_ENV)
+    assert pool.spawn(node, dict(os.environ), 1) is None
+    assert "no_such_module_here" in caplog.text
+    assert pool.spawn(node, dict(os.environ), 1) is None  # no second try
+    monkeypatch.setenv(zy.FORK_ENV, "0")
+    assert zy.Zygotes([node], pid_env=LAUNCHER_PID_ENV).spawn(node, {}, 1) is None
+
+
+def test_retitle_rewrites_the_command_line() -> None:
+    code = (
+        "from splitlab.launch.zygote import retitle; "
+        "print(retitle(['python', '-m', 'x', '--a', 'b']), "
+        "open('/proc/self/cmdline','rb').read().rstrip(b'\\0').split(b'\\0')); "
+        "print(retitle(['y' * 10000]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code, " " * 200], capture_output=True,
+                         text=True, timeout=30, check=True).stdout.splitlines()  # fmt: skip
+    assert out == ["True [b'python', b'-m', b'x', b'--a', b'b']", "False"]
