@@ -150,6 +150,7 @@ def test_a_zygote_that_cannot_import_names_the_module(probe_env) -> None:
 
 
 def test_zygotes_fall_back_to_plain_starts(tmp_path, monkeypatch, caplog) -> None:
+    monkeypatch.delenv(zy.FORK_ENV, raising=False)  # a user's own 0 would skip the failure
     node = [sys.executable, "-m", "splitlab.node", "--role", "owner"]
     assert zy.Zygotes([node], pid_env=LAUNCHER_PID_ENV).spawn(["ip", "netns"], {}, 1) is None
     monkeypatch.setattr(zy, "preload", lambda argvs: ["no_such_module_here"])
