@@ -50,8 +50,9 @@ from splitlab.drift.kernel import kernel_drift
 from splitlab.errors import ConfigError, ExitCode
 from splitlab.infer.folders import RANDOM_CHECKPOINT, RESULT_FILE, model_folder
 from splitlab.infer.topology import resolve_ring
-from splitlab.launch.supervisor import ChildSpec, GroupResult, run_group
+from splitlab.launch.supervisor import LAUNCHER_PID_ENV, ChildSpec, GroupResult, run_group
 from splitlab.launch.threads import local_stage_env
+from splitlab.launch.zygote import ForkedNode, Zygotes
 from splitlab.preflight import preflight
 from splitlab.testbed.netns import TestbedError
 from splitlab.testbed.placement import (
@@ -288,16 +289,22 @@ def spawn_stages(cfg: Config, *, run_dir: str | Path,
     """Start every stage as a bare subprocess (no supervisor: each must fail on its own).
 
     Checks and fault-injection tools use this to see how each stage exits by itself; `run_ring`
-    is the launcher path. Output goes to RUN/logs/stage-<i>.log; returns the Popen objects in
-    stage order.
+    is the launcher path. Output goes to RUN/logs/stage-<i>.log; returns the processes in
+    stage order (Popen, or `ForkedNode` where the stages fork from a zygote as under
+    `run_ring`: each dies with it, and it with this process).
     """
     children = ring_children(cfg, Path(run_dir), stage_args=stage_args, echo=echo)
-    procs = []
-    for child in reversed(children):  # stage order
-        assert child.log_path is not None
-        with open(child.log_path, "w", encoding="utf-8") as out:
-            procs.append(subprocess.Popen(
-                list(child.argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, **child.env, "PYTHONUNBUFFERED": "1"},
-            ))  # fmt: skip
+    zygotes = Zygotes([c.argv for c in children], pid_env=LAUNCHER_PID_ENV)
+    procs: list[subprocess.Popen[bytes] | ForkedNode] = []
+    try:
+        for child in reversed(children):  # stage order
+            assert child.log_path is not None
+            env = {**os.environ, **child.env, "PYTHONUNBUFFERED": "1"}
+            with open(child.log_path, "w", encoding="utf-8") as out:
+                procs.append(zygotes.spawn(child.argv, env, out.fileno()) or subprocess.Popen(
+                    list(child.argv), stdout=out, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, env=env,
+                ))  # fmt: skip
+    finally:
+        zygotes.release()
     return procs

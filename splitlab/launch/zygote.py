@@ -54,6 +54,7 @@ NODE_MODULE = "splitlab.node"
 FORK_ENV = "SPLITLAB_FORK_NODES"  # "0": start every node as its own interpreter
 POST_FORK_KEYS = ("OMP_NUM_THREADS",)  # and every SPLITLAB_* variable: read at run time only
 ROLE_MODULES = {"stage": "splitlab.infer.stage"}  # what a role imports; others: ROLE_DEFAULT
+EVERY_NODE = (NODE_MODULE, "splitlab.configure")  # the node, and what reads its config
 ROLE_DEFAULT = "splitlab.train.roles"
 TITLE_ROOM = 4096  # bytes of argv area a child can write its own command line into
 READY_TIMEOUT_S = 120.0  # the preload on a loaded host; longer means the zygote is stuck
@@ -79,7 +80,7 @@ def import_env(env: Mapping[str, str]) -> dict[str, str]:
 
 def preload(argvs: Sequence[Sequence[str]]) -> list[str]:
     """The modules the nodes `argvs` import for their roles (`--role`), in a stable order."""
-    modules = {NODE_MODULE}
+    modules = set(EVERY_NODE)
     for argv in argvs:
         role = argv[argv.index("--role") + 1] if "--role" in argv[:-1] else ""
         modules.add(ROLE_MODULES.get(role, ROLE_DEFAULT))
@@ -119,6 +120,19 @@ class ForkedNode:
                 raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
             self._read(0.1 if left is None else min(0.1, left))
         return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:  # as Popen: never signal a pid that may have been reused
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
     def _read(self, timeout: float) -> None:
         with self._lock:  # the supervisor's loop and the log reader both poll
@@ -219,9 +233,13 @@ class Zygote:
             raise RuntimeError(answer["error"])
         return ForkedNode(argv, int(answer["pid"]), ours)
 
-    def close(self, timeout_s: float = 10.0) -> None:
+    def release(self) -> None:
         """No more requests: the zygote exits once its children have."""
         self._control.close()
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """`release`, then wait `timeout_s` for the zygote to exit, or kill it."""
+        self.release()
         try:
             self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -263,8 +281,15 @@ class Zygotes:
             return None
 
     def close(self) -> None:
+        """Wait for every zygote to exit (their children have, or they are killed)."""
         for zygote in self._zygotes.values():
             zygote.close()
+        self._zygotes.clear()
+
+    def release(self) -> None:
+        """No more forks: each zygote exits by itself once its children have."""
+        for zygote in self._zygotes.values():
+            zygote.release()
         self._zygotes.clear()
 
 

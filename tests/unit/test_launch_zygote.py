@@ -79,9 +79,11 @@ def test_pure_helpers() -> None:
     }
     assert zy.import_env(env) == {"A": "1", "OMP_WAIT_POLICY": "PASSIVE"}
     assert zy.preload([[*node, "stage"], [*node, "owner"], [*node, "worker"]]) == [
-        "splitlab.infer.stage", "splitlab.node", "splitlab.train.roles",
+        "splitlab.configure", "splitlab.infer.stage", "splitlab.node", "splitlab.train.roles",
     ]  # fmt: skip
-    assert zy.preload([[*node, "stage"]]) == ["splitlab.infer.stage", "splitlab.node"]
+    assert zy.preload([[*node, "stage"]]) == [
+        "splitlab.configure", "splitlab.infer.stage", "splitlab.node",
+    ]  # fmt: skip
     assert not zy.enabled({zy.FORK_ENV: "0"})
 
 
@@ -124,8 +126,9 @@ def test_kill_and_wait_timeout_are_reported(tmp_path, probe_env) -> None:
         pollers = [threading.Thread(target=poll_until_exit) for _ in range(3)]
         for t in pollers:
             t.start()
-        os.killpg(node.pid, signal.SIGKILL)
+        node.kill()
         assert node.wait(timeout=10) == -signal.SIGKILL
+        node.terminate()  # gone: no signal to a pid that may be reused
         for t in pollers:
             t.join(timeout=10)
         assert errors == []
@@ -172,3 +175,15 @@ def test_retitle_rewrites_the_command_line() -> None:
     out = subprocess.run([sys.executable, "-c", code, " " * 200], capture_output=True,
                          text=True, timeout=30, check=True).stdout.splitlines()  # fmt: skip
     assert out == ["True [b'python', b'-m', b'x', b'--a', b'b']", "False"]
+
+
+def test_a_released_zygote_exits_once_its_children_have(tmp_path, probe_env) -> None:
+    z = zy.Zygote.start(probe_env, ["json"], pid_env=LAUNCHER_PID_ENV)
+    node = _spawn(z, probe_env, tmp_path / "n.log", "--sleep")
+    _report(tmp_path / "n.log")
+    z.release()  # as spawn_stages leaves it: no more forks, the node still runs
+    time.sleep(0.3)
+    assert z.proc.poll() is None and node.poll() is None
+    node.terminate()
+    assert node.wait(timeout=10) == -signal.SIGTERM
+    assert z.proc.wait(timeout=10) == 0
