@@ -275,6 +275,7 @@ def run_group(
     poll_s: float = 0.05,
     cause_grace_s: float = 5.0,
     when_up: Callable[[], object] | None = None,
+    zygotes: Zygotes | None = None,
 ) -> GroupResult:
     """Start every child, wait for all to exit 0 or for the root cause, tear down the rest.
 
@@ -289,6 +290,8 @@ def run_group(
         when_up: called once, from this thread, when every child has printed its first line
             (a node logs nothing before its imports are done): work for the caller's process
             that should not compete with the children's start.
+        zygotes: where local node commands fork from; the caller's, kept open for a later
+            group (the final evaluation), or by default the group's own, closed at the end.
     """
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
@@ -302,7 +305,11 @@ def run_group(
     failed_at: float | None = None
     received: list[int] = []
     previous = _catch_signals(received)
-    zygotes = Zygotes([s.argv for s in specs], pid_env=LAUNCHER_PID_ENV)
+    own_zygotes = zygotes is None
+    if zygotes is None:
+        zygotes = Zygotes([s.argv for s in specs], pid_env=LAUNCHER_PID_ENV)
+    else:
+        zygotes.plan([s.argv for s in specs])
     try:
         for spec in specs:
             children.append(_Child(spec, sink, tail_lines, zygotes))
@@ -346,7 +353,8 @@ def run_group(
         try:
             _teardown(children, grace_s)
         finally:
-            zygotes.close()
+            if own_zygotes:
+                zygotes.close()
             _restore_signals(previous)
     results = {
         c.spec.name: ChildResult(c.spec.name, c.proc.returncode, list(c.lines), c.killed)

@@ -39,12 +39,13 @@ import time
 from pathlib import Path
 
 from splitlab.config.load import save_resolved_config
-from splitlab.config.schema import Config
+from splitlab.config.schema import Config, TwoStageConfig, UShapeConfig
 from splitlab.control.bus import queue_name
 from splitlab.control.membership import new_session_key_hex
 from splitlab.errors import ExitCode, PeerLostError
-from splitlab.launch.supervisor import ChildSpec, run_group
+from splitlab.launch.supervisor import LAUNCHER_PID_ENV, ChildSpec, run_group
 from splitlab.launch.threads import role_threads, thread_env
+from splitlab.launch.zygote import EVAL_MODULE, Zygotes
 from splitlab.preflight import preflight
 from splitlab.testbed.placement import (
     control_address,
@@ -54,6 +55,7 @@ from splitlab.testbed.placement import (
     write_record,
 )
 from splitlab.testbed.session import Testbed
+from splitlab.train.checkpoint_files import checkpoint_bytes
 from splitlab.train.role import COORDINATOR, check_finetune, checkpoint_dir, role_names
 from splitlab.wire.broker_login import LOGIN_ENV
 from splitlab.wire.session_key import (
@@ -177,11 +179,16 @@ def remove_broker_queues(cfg: Config, session: str, nodes: list[str]) -> None:
             log.debug("deleted the %d queues of session %s", deleted, session)
 
 
-# What the steps after training import (torch, transformers, pandas, matplotlib: ~4.6 s of one
-# core): loaded while the nodes train (`WarmImports`) instead of before they start.
+# transformers' load reports and progress bars would drown the nodes' progress lines
+QUIET_ENV = {
+    "PYTHONUNBUFFERED": "1", "TRANSFORMERS_VERBOSITY": "error",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1",
+}  # fmt: skip
+
+# What the steps after training import (pandas, matplotlib: ~1 s of one core; the final
+# evaluation, which needs torch, is a child of its own): loaded while the nodes train
+# (`WarmImports`) instead of before they start.
 POST_RUN_MODULES = (
-    "splitlab.train.final_eval",
-    "splitlab.train.checkpoint",
     "splitlab.analysis.rounds",
     "splitlab.analysis.report",
     "splitlab.loggers.write",
@@ -227,15 +234,39 @@ def run_finetune(cfg: Config, *, preflighted: bool = False) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.yaml"
     save_resolved_config(cfg, config_path)
+    evaluation = final_eval_child(cfg, config_path, run_dir)
+    # the nodes and the final evaluation fork from one zygote: this process never imports torch
+    zygotes = Zygotes([evaluation.argv], pid_env=LAUNCHER_PID_ENV)
+    try:
+        return _finetune(cfg, arch, began, run_dir, config_path, evaluation, zygotes)
+    finally:
+        zygotes.close()
+
+
+def final_eval_child(cfg: Config, config_path: Path, run_dir: Path) -> ChildSpec:
+    """The final evaluation (`splitlab.train.final_eval`) as a child of the launcher: it
+    writes RUN/final_metrics.json."""
+    from splitlab.analysis.result import FINAL_METRICS_FILE
+
+    argv = [
+        sys.executable, "-m", EVAL_MODULE, "--config", str(config_path),
+        "--checkpoint-dir", str(checkpoint_dir(cfg, run_dir)),
+        "--out", str(run_dir / FINAL_METRICS_FILE),
+    ]  # fmt: skip
+    env = {**QUIET_ENV, **thread_env(os.cpu_count() or 1)}  # the nodes' zygote's, but threads
+    return ChildSpec(name="final-eval", argv=argv, env=env,
+                     log_path=run_dir / "logs" / "final-eval.log")  # fmt: skip
+
+
+def _finetune(
+    cfg: Config, arch: UShapeConfig | TwoStageConfig, began: float, run_dir: Path,
+    config_path: Path, evaluation: ChildSpec, zygotes: Zygotes,
+) -> int:  # fmt: skip
     fetch_node_assets(cfg)
     session = f"ft-{secrets.token_hex(5)}"
     key_hex = new_session_key_hex()
     server, control = None, None
-    # transformers' load reports and progress bars would drown the nodes' progress lines
-    env: dict[str, str] = {
-        SESSION_KEY_ENV: key_hex, "PYTHONUNBUFFERED": "1", "TRANSFORMERS_VERBOSITY": "error",
-        "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1",
-    }  # fmt: skip
+    env: dict[str, str] = {SESSION_KEY_ENV: key_hex, **QUIET_ENV}
     with testbed_for(cfg.testbed) as tb:
         if tb is not None:  # the coordinator hosts the bus inside its host
             write_record(tb, run_dir)
@@ -259,7 +290,7 @@ def run_finetune(cfg: Config, *, preflighted: bool = False) -> int:
                 cfg, config_path, run_dir=run_dir, session=session, control=control, env=env,
                 testbed=tb, logins=logins,
             )  # fmt: skip
-            group = run_group(children, when_up=warming.start)
+            group = run_group(children, when_up=warming.start, zygotes=zygotes)
         finally:
             if server is not None:
                 server.close()
@@ -271,8 +302,6 @@ def run_finetune(cfg: Config, *, preflighted: bool = False) -> int:
     from splitlab.analysis.result import FINAL_METRICS_FILE
     from splitlab.analysis.rounds import summarize, write_round_outputs
     from splitlab.loggers.write import log_run
-    from splitlab.train.checkpoint import checkpoint_bytes
-    from splitlab.train.final_eval import evaluate_checkpoint
 
     rows = write_round_outputs(run_dir)  # the rounds done, failed run or not
     if group.exit_code != 0:
@@ -284,7 +313,13 @@ def run_finetune(cfg: Config, *, preflighted: bool = False) -> int:
         log.info("owners before FedAvg, %s", line)
     final = None
     if cfg.task.validate and cfg.task.save_checkpoint:
-        final = evaluate_checkpoint(cfg, checkpoint_dir(cfg, run_dir))
+        path = run_dir / FINAL_METRICS_FILE
+        path.unlink(missing_ok=True)  # a resumed run's earlier result is not this one's
+        evaluated = run_group([evaluation], zygotes=zygotes)
+        if evaluated.exit_code != 0:
+            log.error("the final evaluation failed: %s", evaluated.diagnosis())
+            return evaluated.exit_code
+        final = json.loads(path.read_text()) if path.is_file() else None
         if final is not None:
             final["wall_s"] = time.monotonic() - began  # the whole job, evaluation included
             (run_dir / FINAL_METRICS_FILE).write_text(json.dumps(final, indent=1))
@@ -296,7 +331,7 @@ def run_finetune(cfg: Config, *, preflighted: bool = False) -> int:
     log_run(cfg, run_dir, rounds=rows, final=final)
     report = analyze_run(run_dir)
     where = checkpoint_dir(cfg, run_dir)
-    num_files, num_bytes = checkpoint_bytes(where)
+    num_files, num_bytes = checkpoint_bytes(where)  # torch-free: this process has none
     log.info(
         "done in %.1f s: report %s, config %s, plot %s, traces %s, checkpoints %s "
         "(%d files, %.1f MiB)",

@@ -51,6 +51,7 @@ from typing import Any, NoReturn
 log = logging.getLogger(__name__)
 
 NODE_MODULE = "splitlab.node"
+EVAL_MODULE = "splitlab.train.final_eval"  # the launcher's final evaluation, forked alike
 FORK_ENV = "SPLITLAB_FORK_NODES"  # "0": start every node as its own interpreter
 POST_FORK_KEYS = ("OMP_NUM_THREADS",)  # and every SPLITLAB_* variable: read at run time only
 ROLE_MODULES = {"stage": "splitlab.infer.stage"}  # what a role imports; others: ROLE_DEFAULT
@@ -66,8 +67,8 @@ def enabled(env: Mapping[str, str] = os.environ) -> bool:
 
 
 def forkable(argv: Sequence[str]) -> bool:
-    """Whether `argv` is a plain local node command that a zygote can run."""
-    return list(argv[:3]) == [sys.executable, "-m", NODE_MODULE]
+    """Whether `argv` is a plain local node (or final evaluation) command a zygote can run."""
+    return list(argv[:2]) == [sys.executable, "-m"] and argv[2:3] in ([NODE_MODULE], [EVAL_MODULE])
 
 
 def import_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -79,9 +80,13 @@ def import_env(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def preload(argvs: Sequence[Sequence[str]]) -> list[str]:
-    """The modules the nodes `argvs` import for their roles (`--role`), in a stable order."""
+    """The modules the nodes `argvs` import for their roles (`--role`), and the final
+    evaluation's, in a stable order."""
     modules = set(EVERY_NODE)
     for argv in argvs:
+        if argv[2:3] == [EVAL_MODULE]:
+            modules.add(EVAL_MODULE)
+            continue
         role = argv[argv.index("--role") + 1] if "--role" in argv[:-1] else ""
         modules.add(ROLE_MODULES.get(role, ROLE_DEFAULT))
     return sorted(modules)
@@ -258,10 +263,15 @@ class Zygotes:
     zygote fails to start, the rest of the group is started as before."""
 
     def __init__(self, argvs: Sequence[Sequence[str]], *, pid_env: str) -> None:
-        self._modules = preload([a for a in argvs if forkable(a)])
+        self._argvs = [list(a) for a in argvs if forkable(a)]
         self._pid_env = pid_env
         self._zygotes: dict[str, Zygote] = {}
         self._failed = not enabled()
+
+    def plan(self, argvs: Sequence[Sequence[str]]) -> None:
+        """Add what `argvs` import to the preload of zygotes not yet started (a caller's pool
+        handed to a group: its zygote serves this group and the caller's later ones)."""
+        self._argvs += [list(a) for a in argvs if forkable(a)]
 
     def spawn(self, argv: Sequence[str], env: Mapping[str, str], output: int) -> ForkedNode | None:
         """Fork node `argv` (full environment `env`, output to descriptor `output`), or None
@@ -271,7 +281,7 @@ class Zygotes:
         key = json.dumps(import_env(env), sort_keys=True)
         try:
             if key not in self._zygotes:
-                self._zygotes[key] = Zygote.start(import_env(env), self._modules,
+                self._zygotes[key] = Zygote.start(import_env(env), preload(self._argvs),
                                                   pid_env=self._pid_env)  # fmt: skip
             zygote = self._zygotes[key]
             return zygote.spawn(argv, {**env, self._pid_env: str(zygote.pid)}, output)
@@ -402,6 +412,7 @@ def become_node(request: dict[str, Any], output: int) -> NoReturn:
             sys.modules["torch"].set_num_threads(int(threads))
         retitle(argv)
         sys.argv = [argv[2], *argv[3:]]  # runpy puts the module's path first
+        sys.modules.pop(argv[2], None)  # as under `python -m`: only __main__ runs it
         runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as exc:

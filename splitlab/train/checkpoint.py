@@ -44,10 +44,10 @@ from safetensors.torch import save_file
 from splitlab.config.enums import KeepCheckpoints
 from splitlab.errors import AssetError, StorageError
 from splitlab.telemetry.records import round_number
+from splitlab.train.checkpoint_files import NAME, checkpoint_path, completed_rounds
 
 log = logging.getLogger(__name__)
 
-_NAME = re.compile(r"^round-(\d{6})\.safetensors$")
 _TEMP = re.compile(r"^\.round-\d{6}\.safetensors\.tmp-\d+$")
 _ROUND_KEY = "splitlab.round"
 _RNG_KEY = "splitlab.rng"
@@ -63,11 +63,6 @@ class Checkpoint:
     state: dict[str, torch.Tensor]
     rng: dict[str, str]  # opaque; hand to `restore_rng`
     path: Path
-
-
-def checkpoint_path(directory: Path, round_id: int) -> Path:
-    """Round index `round_id` (0-based) is saved as `round-<round_number>` (1..N, as logged)."""
-    return Path(directory) / f"round-{round_number(round_id):06d}.safetensors"
 
 
 def capture_rng() -> dict[str, str]:
@@ -219,7 +214,7 @@ def _check_round(path: Path, metadata: Mapping[str, str], where: str) -> int:
         raise AssetError(f"{where}: {_ROUND_KEY}={text!r} is not a round number") from exc
     if round_id < 1:
         raise AssetError(f"{where}: {_ROUND_KEY}={round_id}: rounds count from 1")
-    named = _NAME.match(path.name)
+    named = NAME.match(path.name)
     if named and int(named.group(1)) != round_id:
         raise AssetError(
             f"{where}: {_ROUND_KEY}={round_id} but the file name says round {int(named.group(1))}"
@@ -325,21 +320,6 @@ def prune_checkpoints(directory: Path, keep: KeepCheckpoints) -> list[Path]:
         if round_id not in kept:
             checkpoint_path(directory, round_id).unlink(missing_ok=True)
     return [checkpoint_path(directory, r) for r in sorted(kept)]
-
-
-def checkpoint_bytes(directory: Path) -> tuple[int, int]:
-    """(number of checkpoint files, their total bytes) in `directory`."""
-    paths = [checkpoint_path(directory, r) for r in completed_rounds(directory)]
-    return len(paths), sum(p.stat().st_size for p in paths if p.exists())
-
-
-def completed_rounds(directory: Path) -> list[int]:
-    """Rounds with a finished checkpoint in `directory`, ascending (temps never count)."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return []
-    rounds = [int(m.group(1)) - 1 for p in directory.iterdir() if (m := _NAME.match(p.name))]
-    return sorted(rounds)
 
 
 def latest_checkpoint(directory: Path, *, expected: Shapes | None = None) -> Checkpoint | None:

@@ -48,7 +48,6 @@ from splitlab.telemetry.records import (
 )
 from splitlab.train.checkpoint import (
     capture_rng,
-    checkpoint_bytes,
     checkpoint_path,
     latest_checkpoint,
     prune_checkpoints,
@@ -56,6 +55,7 @@ from splitlab.train.checkpoint import (
     save_checkpoint,
     unshared,
 )
+from splitlab.train.checkpoint_files import checkpoint_bytes
 from splitlab.train.fedavg import check_finite
 from splitlab.train.protocol import abort_peers
 from splitlab.train.rounds import NodeUpdate, aggregate, redistribute

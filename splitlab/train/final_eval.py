@@ -72,3 +72,45 @@ def evaluate_checkpoint(cfg: Config, checkpoint_dir: Path) -> dict[str, Any] | N
     )  # fmt: skip
     metrics = evaluate(part_chain(parts), parts[-1].adapter, batches)
     return {"round": round_id, "split": held.name, "samples": len(held), **metrics.to_dict()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m splitlab.train.final_eval --config RUN/config.yaml --checkpoint-dir DIR
+    --out FILE`: the launcher's final evaluation as a process of its own, forked from the
+    zygote that imported torch for the nodes, so the launcher never imports torch. Writes
+    `evaluate_checkpoint`'s result to FILE as JSON (nothing when there is no checkpoint)."""
+    import argparse
+    import json
+    import logging
+    import sys
+
+    from splitlab.configure import load_resolved_config
+    from splitlab.errors import ExitCode, SplitlabError
+    from splitlab.launch.supervisor import die_with_launcher
+    from splitlab.telemetry.log import setup_logging
+
+    die_with_launcher()
+    p = argparse.ArgumentParser(prog="python -m splitlab.train.final_eval")
+    p.add_argument("--config", required=True, type=Path, help="the run's resolved config")
+    p.add_argument("--checkpoint-dir", required=True, type=Path)
+    p.add_argument("--out", required=True, type=Path, help="the result, as JSON")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    setup_logging("final-eval", 0)
+    log = logging.getLogger("splitlab.train.final_eval")
+    try:
+        final = evaluate_checkpoint(load_resolved_config(args.config), args.checkpoint_dir)
+        if final is not None:
+            args.out.write_text(json.dumps(final, indent=1))
+    except SplitlabError as exc:
+        log.error("final evaluation failed: %s: %s", type(exc).__name__, exc)
+        return int(exc.exit_code)
+    except Exception:
+        log.exception("final evaluation failed")
+        return int(ExitCode.ERROR)
+    return 0
+
+
+if __name__ == "__main__":
+    from splitlab.telemetry.log import exit_now
+
+    exit_now(main())

@@ -113,7 +113,7 @@ def test_a_normal_run_is_quiet_and_keeps_only_what_it_is_told(tmp_path: Path) ->
     assert not stale.exists()
     assert sorted(p.name for p in ckpts.iterdir()) == ["round-000004.safetensors"]  # round 4 of 4
     logs = sorted((run_dir / "logs").glob("*.log"))
-    assert [p.stem for p in logs] == ["coordinator", "owner0", "owner1", "worker0"]
+    assert [p.stem for p in logs] == ["coordinator", "final-eval", "owner0", "owner1", "worker0"]
     for path in logs:  # both runs, appended: an orderly start, run and shutdown say no more
         lines = path.read_text().splitlines()
         noisy = [line for line in lines if re.search(r"\b(WARNING|ERROR|Traceback)\b", line)]

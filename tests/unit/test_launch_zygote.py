@@ -25,31 +25,42 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Li
 PROBE = textwrap.dedent(
     """
     import json, os, sys, time
-    from splitlab.launch.supervisor import die_with_launcher
-    die_with_launcher()
-    threads = sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None
-    print(json.dumps({
-        "argv": sys.argv[1:], "name": __name__, "marker": os.environ.get("PROBE_MARKER"),
-        "omp": os.environ.get("OMP_NUM_THREADS"), "threads": threads, "cwd": os.getcwd(),
-        "sid": os.getsid(0), "pid": os.getpid(), "ppid": os.getppid(),
-        "cmdline": [a.decode() for a in open("/proc/self/cmdline", "rb").read().split(b"\\0") if a],
-    }), flush=True)
-    if "--sleep" in sys.argv:
-        time.sleep(60)
-    sys.exit(int(sys.argv[sys.argv.index("--exit") + 1]) if "--exit" in sys.argv else 0)
+
+
+    def report():
+        from splitlab.launch.supervisor import die_with_launcher
+
+        die_with_launcher()
+        threads = sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None
+        cmdline = open("/proc/self/cmdline", "rb").read().split(b"\\0")
+        print(json.dumps({
+            "argv": sys.argv[1:], "name": __name__, "marker": os.environ.get("PROBE_MARKER"),
+            "omp": os.environ.get("OMP_NUM_THREADS"), "threads": threads, "cwd": os.getcwd(),
+            "sid": os.getsid(0), "pid": os.getpid(), "ppid": os.getppid(),
+            "cmdline": [a.decode() for a in cmdline if a],
+        }), flush=True)
+        if "--sleep" in sys.argv:
+            time.sleep(60)
+        sys.exit(int(sys.argv[sys.argv.index("--exit") + 1]) if "--exit" in sys.argv else 0)
+
+
+    if __name__ == "__main__":
+        report()
     """
 )
 
 
 @pytest.fixture
 def probe_env(tmp_path: Path) -> dict[str, str]:
-    (tmp_path / "zygote_probe.py").write_text(PROBE)
+    (tmp_path / "zprobe").mkdir()  # a package: runpy warns about a preloaded submodule
+    (tmp_path / "zprobe" / "__init__.py").write_text("")
+    (tmp_path / "zprobe" / "main.py").write_text(PROBE)
     root = str(Path(__file__).resolve().parents[2])
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), root])}
 
 
 def _spawn(z: zy.Zygote, env: dict[str, str], out: Path, *args: str, **extra: str):
-    argv = [sys.executable, "-m", "zygote_probe", *args]
+    argv = [sys.executable, "-m", "zprobe.main", *args]
     with open(out, "ab") as f:
         return z.spawn(
             argv, {**env, LAUNCHER_PID_ENV: str(z.pid), **extra}, f.fileno(), str(out.parent)
@@ -88,7 +99,7 @@ def test_pure_helpers() -> None:
 
 
 def test_fork_gets_its_own_env_threads_session_and_title(tmp_path, probe_env) -> None:
-    z = zy.Zygote.start(probe_env, ["torch"], pid_env=LAUNCHER_PID_ENV)
+    z = zy.Zygote.start(probe_env, ["torch", "zprobe.main"], pid_env=LAUNCHER_PID_ENV)
     try:
         a = _spawn(z, probe_env, tmp_path / "a.log", "--x", "1", "--exit", "3",
                    PROBE_MARKER="alpha", OMP_NUM_THREADS="1")  # fmt: skip
@@ -99,11 +110,12 @@ def test_fork_gets_its_own_env_threads_session_and_title(tmp_path, probe_env) ->
         z.close()
     assert z.proc.returncode == 0  # it exits once the control socket closes
     assert ra["name"] == "__main__" and ra["argv"] == ["--x", "1", "--exit", "3"]
+    assert "RuntimeWarning" not in (tmp_path / "a.log").read_text()  # preloaded, run once
     assert (ra["marker"], rb["marker"]) == ("alpha", "beta")
     assert ra["omp"] == "1" and ra["threads"] == 1
     assert ra["sid"] == ra["pid"] and ra["ppid"] == z.pid  # its own session, the zygote's child
     assert ra["cwd"] == str(tmp_path)
-    assert ra["cmdline"] == [sys.executable, "-m", "zygote_probe", "--x", "1", "--exit", "3"]
+    assert ra["cmdline"] == [sys.executable, "-m", "zprobe.main", "--x", "1", "--exit", "3"]
 
 
 def test_kill_and_wait_timeout_are_reported(tmp_path, probe_env) -> None:

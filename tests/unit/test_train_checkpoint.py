@@ -13,7 +13,6 @@ from splitlab.errors import AssetError, ExitCode, StorageError
 from splitlab.train import checkpoint
 from splitlab.train.checkpoint import (
     capture_rng,
-    checkpoint_bytes,
     checkpoint_path,
     completed_rounds,
     latest_checkpoint,
@@ -24,6 +23,7 @@ from splitlab.train.checkpoint import (
     rounds_to_keep,
     save_checkpoint,
 )
+from splitlab.train.checkpoint_files import checkpoint_bytes
 
 
 def _state() -> dict[str, torch.Tensor]:
