@@ -162,26 +162,18 @@ class ForkedNode:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return Path(f"/proc/{pid}/stat").exists() and _state(pid) != "Z"
-
-
-def _state(pid: int) -> str:
+    """True while `pid` runs; a zombie its new parent has yet to reap counts as gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return "Z"
-    return stat[stat.rindex(")") + 2 :].split()[0]
+        return False
+    return stat[stat.rindex(")") + 2 :].split()[0] != "Z"
 
 
 class Zygote:
     """One zygote process and the control socket requests go over (`spawn`). `start` waits
-    until it has imported `modules`; `close` lets it exit once its children have."""
+    until it has imported `modules`; after `release` it exits once its children have, and
+    `close` waits for that."""
 
     def __init__(self, proc: subprocess.Popen[bytes], control: socket.socket) -> None:
         self.proc = proc
