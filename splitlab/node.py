@@ -3,7 +3,8 @@
     python -m splitlab.node --config RUN/config.yaml --role ROLE --rank I [host facts]
 
 ROLE is `coordinator`, `owner` or `worker` (fine-tuning, U-shape or two-stage: owners run the
-first stage, workers the last) or `stage` (the inference ring; rank 0 is the head). The run's
+first stage, workers the last), `evaluator` (a fine-tuning run's final evaluation, after
+training; --out names its JSON) or `stage` (the inference ring; rank 0 is the head). The run's
 resolved config (`RUN/config.yaml`, saved once by the launcher or by
 `splitlab ... --cfg job > config.yaml`) is the only config carrier: every setting every process
 must agree on is read from it. The command line adds only what differs per host:
@@ -46,11 +47,12 @@ from splitlab.control.embedded import EmbeddedBusServer
 from splitlab.errors import ConfigError, ExitCode, SplitlabError
 from splitlab.launch.supervisor import die_with_launcher
 from splitlab.telemetry.log import exit_now, setup_logging
+from splitlab.train.role import EVALUATOR
 from splitlab.wire.broker_login import apply_login
 from splitlab.wire.session_key import session_key
 
 log = logging.getLogger("splitlab.node")
-ROLES = ("coordinator", "owner", "worker", "stage")
+ROLES = ("coordinator", "owner", "worker", "stage", EVALUATOR)
 LEAVE_POLL_S = 0.05
 
 
@@ -77,7 +79,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     test.add_argument("--batches", type=Path, help="owner: fixed microbatches (safetensors)")
     test.add_argument("--val-batches", type=Path, help="owner: fixed held-out microbatches")
     test.add_argument("--out", type=Path,
-                      help="member: final partition state; coordinator: FedAvg history JSON")  # fmt: skip
+                      help="member: final partition state; coordinator: FedAvg history JSON; "
+                           "evaluator: its result JSON (default RUN/final_metrics.json)")  # fmt: skip
     test.add_argument("--windows", type=int, help="windows this process runs per round")
     test.add_argument("--echo", action="store_true", help="stage: the model-free echo model")
     test.add_argument(
@@ -188,6 +191,23 @@ def run_train(cfg: Config, args: argparse.Namespace, run_dir: Path) -> int:
     return 0
 
 
+def run_evaluator(cfg: Config, args: argparse.Namespace, run_dir: Path) -> int:
+    """The run's final evaluation (`splitlab.train.final_eval`): its last merged checkpoint
+    on held-out examples, written as JSON to --out (default RUN/final_metrics.json); nothing
+    when there is no checkpoint. The launcher starts it after training, so that it never
+    imports torch itself."""
+    import json
+
+    from splitlab.analysis.result import FINAL_METRICS_FILE
+    from splitlab.train.final_eval import evaluate_checkpoint
+    from splitlab.train.role import checkpoint_dir
+
+    final = evaluate_checkpoint(cfg, checkpoint_dir(cfg, run_dir))
+    if final is not None:
+        (args.out or run_dir / FINAL_METRICS_FILE).write_text(json.dumps(final, indent=1))
+    return 0
+
+
 def host_bus(address: tuple[str, int]) -> EmbeddedBusServer:
     """The embedded control bus, in this process, with the session key.
 
@@ -225,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         run_dir = Path(args.run_dir) if args.run_dir else Path(args.config).resolve().parent
         if args.role == "stage":
             code = run_stage_role(cfg, args, run_dir)
+        elif args.role == EVALUATOR:
+            code = run_evaluator(cfg, args, run_dir)
         else:
             code = run_train(cfg, args, run_dir)
     except SplitlabError as exc:

@@ -45,7 +45,7 @@ from splitlab.control.membership import new_session_key_hex
 from splitlab.errors import ExitCode, PeerLostError
 from splitlab.launch.supervisor import LAUNCHER_PID_ENV, ChildSpec, run_group
 from splitlab.launch.threads import role_threads, thread_env
-from splitlab.launch.zygote import EVAL_MODULE, Zygotes
+from splitlab.launch.zygote import Zygotes
 from splitlab.preflight import preflight
 from splitlab.testbed.placement import (
     control_address,
@@ -56,7 +56,13 @@ from splitlab.testbed.placement import (
 )
 from splitlab.testbed.session import Testbed
 from splitlab.train.checkpoint_files import checkpoint_bytes
-from splitlab.train.role import COORDINATOR, check_finetune, checkpoint_dir, role_names
+from splitlab.train.role import (
+    COORDINATOR,
+    EVALUATOR,
+    check_finetune,
+    checkpoint_dir,
+    role_names,
+)
 from splitlab.wire.broker_login import LOGIN_ENV
 from splitlab.wire.session_key import (
     DATA_KEY_ENV,
@@ -234,7 +240,7 @@ def run_finetune(cfg: Config, *, preflighted: bool = False) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.yaml"
     save_resolved_config(cfg, config_path)
-    evaluation = final_eval_child(cfg, config_path, run_dir)
+    evaluation = final_eval_child(config_path, run_dir)
     # the nodes and the final evaluation fork from one zygote: this process never imports torch
     zygotes = Zygotes([evaluation.argv], pid_env=LAUNCHER_PID_ENV)
     try:
@@ -243,15 +249,12 @@ def run_finetune(cfg: Config, *, preflighted: bool = False) -> int:
         zygotes.close()
 
 
-def final_eval_child(cfg: Config, config_path: Path, run_dir: Path) -> ChildSpec:
-    """The final evaluation (`splitlab.train.final_eval`) as a child of the launcher: it
-    writes RUN/final_metrics.json."""
-    from splitlab.analysis.result import FINAL_METRICS_FILE
-
+def final_eval_child(config_path: Path, run_dir: Path) -> ChildSpec:
+    """The final evaluation as a child of the launcher: the node command's evaluator role,
+    which writes RUN/final_metrics.json."""
     argv = [
-        sys.executable, "-m", EVAL_MODULE, "--config", str(config_path),
-        "--checkpoint-dir", str(checkpoint_dir(cfg, run_dir)),
-        "--out", str(run_dir / FINAL_METRICS_FILE),
+        sys.executable, "-m", "splitlab.node", "--config", str(config_path), "--role", EVALUATOR,
+        "--run-dir", str(run_dir),
     ]  # fmt: skip
     env = {**QUIET_ENV, **thread_env(os.cpu_count() or 1)}  # the nodes' zygote's, but threads
     return ChildSpec(name="final-eval", argv=argv, env=env,

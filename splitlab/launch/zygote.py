@@ -51,10 +51,10 @@ from typing import Any, NoReturn
 log = logging.getLogger(__name__)
 
 NODE_MODULE = "splitlab.node"
-EVAL_MODULE = "splitlab.train.final_eval"  # the launcher's final evaluation, forked alike
 FORK_ENV = "SPLITLAB_FORK_NODES"  # "0": start every node as its own interpreter
 POST_FORK_KEYS = ("OMP_NUM_THREADS",)  # and every SPLITLAB_* variable: read at run time only
-ROLE_MODULES = {"stage": "splitlab.infer.stage"}  # what a role imports; others: ROLE_DEFAULT
+# what a role imports; other roles: ROLE_DEFAULT
+ROLE_MODULES = {"stage": "splitlab.infer.stage", "evaluator": "splitlab.train.final_eval"}
 EVERY_NODE = (NODE_MODULE, "splitlab.configure")  # the node, and what reads its config
 ROLE_DEFAULT = "splitlab.train.roles"
 TITLE_ROOM = 4096  # bytes of argv area a child can write its own command line into
@@ -67,8 +67,8 @@ def enabled(env: Mapping[str, str] = os.environ) -> bool:
 
 
 def forkable(argv: Sequence[str]) -> bool:
-    """Whether `argv` is a plain local node (or final evaluation) command a zygote can run."""
-    return list(argv[:2]) == [sys.executable, "-m"] and argv[2:3] in ([NODE_MODULE], [EVAL_MODULE])
+    """Whether `argv` is a plain local node command that a zygote can run."""
+    return list(argv[:3]) == [sys.executable, "-m", NODE_MODULE]
 
 
 def import_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -80,13 +80,9 @@ def import_env(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def preload(argvs: Sequence[Sequence[str]]) -> list[str]:
-    """The modules the nodes `argvs` import for their roles (`--role`), and the final
-    evaluation's, in a stable order."""
+    """The modules the nodes `argvs` import for their roles (`--role`), in a stable order."""
     modules = set(EVERY_NODE)
     for argv in argvs:
-        if argv[2:3] == [EVAL_MODULE]:
-            modules.add(EVAL_MODULE)
-            continue
         role = argv[argv.index("--role") + 1] if "--role" in argv[:-1] else ""
         modules.add(ROLE_MODULES.get(role, ROLE_DEFAULT))
     return sorted(modules)

@@ -34,6 +34,7 @@ from splitlab.data.split import owner_counts
 from splitlab.errors import ConfigError
 
 COORDINATOR = "coordinator"
+EVALUATOR = "evaluator"  # the node role of a run's final evaluation (`splitlab.node`)
 TRAIN_ROLES = (COORDINATOR, "owner", "worker")
 
 
