@@ -80,10 +80,37 @@ def ports_free(hosts: Sequence[str], base_port: int) -> bool:
     return True
 
 
+EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_PORT, HIGHEST_PORT = 20000, 60000
+
+
+def base_port_range(count: int, ephemeral: tuple[int, int] | None) -> tuple[int, int]:
+    """Where a base port for `count` consecutive listening ports is drawn from (inclusive):
+    below the kernel's `ephemeral` range when there is room. Outgoing connections take their
+    local ports from that range, so a port picked inside it could be taken between the pick
+    and the stage's bind (seen in CI: four rings launched at once through Slurm, one stage
+    failing on `Address already in use`)."""
+    if ephemeral is not None and ephemeral[0] - count >= LOWEST_PORT + 1000:
+        return LOWEST_PORT, ephemeral[0] - count
+    return LOWEST_PORT, HIGHEST_PORT - count
+
+
+def _ephemeral_ports() -> tuple[int, int] | None:
+    try:
+        low, high = (int(v) for v in EPHEMERAL_PORTS.read_text().split()[:2])
+    except (OSError, ValueError):
+        return None
+    return low, high
+
+
+def random_base_port(count: int) -> int:
+    return random.randint(*base_port_range(count, _ephemeral_ports()))
+
+
 def pick_base_port(hosts: Sequence[str], *, tries: int = 50) -> int:
     """A base port whose `len(hosts)` consecutive ports are free on their hosts."""
     for _ in range(tries):
-        base = random.randint(20000, 60000 - len(hosts))
+        base = random_base_port(len(hosts))
         if ports_free(hosts, base):
             return base
     raise ConfigError(f"no free set of {len(hosts)} ports found on {list(hosts)}")
@@ -129,7 +156,7 @@ def prepare_ring(cfg: Config, run_dir: Path, *, echo: bool = False,
     if testbed is not None:
         # fresh namespaces: nothing else listens there, and the root namespace cannot bind
         # their addresses to check
-        base_port = ring.base_port or random.randint(20000, 60000 - len(ring.peer_hosts))
+        base_port = ring.base_port or random_base_port(len(ring.peer_hosts))
     else:
         base_port = ring.base_port or pick_base_port(ring.peer_hosts)
         if not ports_free(ring.peer_hosts, base_port):

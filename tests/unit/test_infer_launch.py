@@ -11,7 +11,7 @@ from splitlab.errors import ConfigError
 from splitlab.hosts import is_loopback
 from splitlab.infer.stage import stage_run
 from splitlab.infer.topology import resolve_ring
-from splitlab.launch.ring import prepare_ring, ring_on_testbed, stage_children
+from splitlab.launch.ring import base_port_range, prepare_ring, ring_on_testbed, stage_children
 from splitlab.testbed import session
 from splitlab.testbed.topology import Layout, topology_from_config
 from splitlab.wire.session_key import SESSION_KEY_ENV
@@ -118,3 +118,9 @@ def test_stage_on_a_testbed_delays_only_paths_with_a_delay(tmp_path: Path) -> No
         line.close()
     plain = compose_config(["task=infer", "testbed=ring3_edge", "architecture.base_port=30000"])
     assert stage_run(plain, 0, session="s", run_dir=tmp_path, echo=True).delay_line() is None
+
+
+def test_base_ports_are_drawn_below_the_ephemeral_range() -> None:
+    assert base_port_range(3, (32768, 60999)) == (20000, 32765)  # Linux's default range
+    assert base_port_range(3, (20500, 60999)) == (20000, 59997)  # no room below: as before
+    assert base_port_range(3, None) == (20000, 59997)
