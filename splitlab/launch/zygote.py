@@ -48,6 +48,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from splitlab.telemetry.host_load import parse_proc_stat
+
 log = logging.getLogger(__name__)
 
 NODE_MODULE = "splitlab.node"
@@ -163,7 +165,7 @@ def _alive(pid: int) -> bool:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return False
-    return stat[stat.rindex(")") + 2 :].split()[0] != "Z"
+    return parse_proc_stat(stat)[2] != "Z"
 
 
 class Zygote:

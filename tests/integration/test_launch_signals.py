@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from process_helpers import alive
 
+from splitlab.telemetry.host_load import descendants, parse_proc_stat
+
 LAUNCHER = """
 import sys
 from splitlab.launch.supervisor import ChildSpec, run_group
@@ -83,14 +85,12 @@ def _nodes_under(pid: int) -> list[int]:
         if not entry.name.isdigit():
             continue
         try:
-            stat = (entry / "stat").read_text()
+            child, parent, _ = parse_proc_stat((entry / "stat").read_text())
         except OSError:
             continue
-        parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    below, found = {pid}, []
-    for _ in range(3):
-        below |= {p for p, parent in parents.items() if parent in below}
-    for p in below - {pid}:
+        parents[child] = parent
+    found = []
+    for p in descendants(pid, parents) - {pid}:
         try:
             if b"splitlab.node" in Path(f"/proc/{p}/cmdline").read_bytes():
                 found.append(p)
