@@ -1,10 +1,16 @@
 """TPOT of one process vs the 3-stage ring (SmolLM2, greedy), alternating in one run.
 
-The baseline is the whole model in this process (`generate_reference`); the ring is three
-stage processes with the shard loader on 127.0.0.1/.2/.3. Repetitions alternate so machine
-noise hits both; medians and their ratio go to the JSON, with the per-stage profile of where
-ring time goes (compute, blocked receive, send) and each stage's resident weight bytes
+The baseline is the whole model in one fresh process (`generate_reference`); the ring is
+three stage processes with the shard loader on 127.0.0.1/.2/.3. Repetitions alternate so
+machine noise hits both; medians and their ratio go to the JSON, with the per-stage profile of
+where ring time goes (compute, blocked receive, send) and each stage's resident weight bytes
 against the bytes it owns, plus the hf loader's figure for contrast.
+
+A third arm splits the ring's gap: the ring's stage parts, shard-loaded, computed back to back
+in one fresh process (`--stages-arm`, same thread policy, same tokens). Against the baseline it
+is the cost of the partition itself (`stages_in_one_process_over_one_process`); the ring's
+stage compute against it is the cost of computing in separate processes that sleep between
+tokens (`ring_compute_over_stages_in_one_process`); what is left is the hops (`per_hop_ms`).
 
 With `--testbed NAME` (as root) one testbed is up for the whole run: the ring's stages run in
 the hosts its placement names, and the one-process arm runs inside the head's host (this
@@ -36,13 +42,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from splitlab.analysis.traces import load_traces, select
 from splitlab.configure import compose_config
 from splitlab.errors import tool_exit
+from splitlab.infer.compute import PartCompute
+from splitlab.infer.local import decode_in_turn
 from splitlab.infer.prompt import encode_prompt
-from splitlab.infer.ring import GenParams
+from splitlab.infer.ring import GenParams, RingResult
 from splitlab.infer.topology import resolve_ring
 from splitlab.launch.ring import STAGE_ROLE, model_ref, run_ring
 from splitlab.launch.threads import local_stage_env, omp_env
 from splitlab.models.plan import ring_plan
-from splitlab.models.shard import load_part_hf, open_checkpoint, owned_bytes
+from splitlab.models.shard import load_part, load_part_hf, open_checkpoint, owned_bytes
 from splitlab.reference.generate import generate_reference
 from splitlab.telemetry.bench import BenchReport, bench_arg_parser, median, thread_policy
 from splitlab.testbed.placement import place, testbed_for
@@ -52,6 +60,7 @@ PROMPT = "Write a long story about a robot who learns to paint."
 HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
 ONE_PROCESS_FLAG = "--one-process-arm"
 DEVICE_FLAG = "--one-process-device"  # the one-process arm runs on the ring's `device`
+STAGES_FLAG = "--stages-arm"  # internal: the ring's parts back to back in one process
 
 
 def stage_profile(run_dir: Path, num_stages: int) -> list[dict]:
@@ -116,12 +125,37 @@ def one_process_arm(folder: str, tokens: int, device: str = "cpu") -> int:
     return 0
 
 
+def stages_arm(folder: str, tokens: int, cuts: list[int]) -> int:
+    """The ring's stage parts (shard loader, `cuts`) computed in turn in this process
+    (`decode_in_turn`), as one JSON line on stdout: TPOT, each part's compute per decode
+    token, token ids."""
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    index = open_checkpoint(folder)
+    spans = ring_plan(index.family.num_layers(index.config), cuts)
+    prompt_ids = encode_prompt(tokenizer, PROMPT)
+
+    def run(n: int) -> tuple[RingResult, list[list[float]]]:
+        parts = [PartCompute(load_part(index, span)[0]) for span in spans]
+        return decode_in_turn(parts, prompt_ids, GenParams(max_new_tokens=n))
+
+    run(4)  # warm-up
+    result, compute = run(tokens)
+    print(json.dumps({"tpot_ms_median": result.tpot_ms_median, "token_ids": result.token_ids,
+                      "compute_ms": [median([c[i] for c in compute]) for i in range(len(spans))],
+                      "threads": thread_policy(torch_threads=torch.get_num_threads())}))  # fmt: skip
+    return 0
+
+
 def one_process_fresh(tb: Testbed | None, folder: Path, tokens: int, env: dict[str, str],
-                      device: str = "cpu") -> dict[str, Any]:  # fmt: skip
-    """`one_process_arm` in a fresh process under the stages' OpenMP policy and thread count
-    (`env`); on a testbed inside the head's host (its CPU quota and thread count win)."""
+                      device: str = "cpu", *, cuts: list[int] | None = None) -> dict[str, Any]:  # fmt: skip
+    """`one_process_arm` (or with `cuts`, `stages_arm`) in a fresh process under the stages'
+    OpenMP policy and thread count (`env`); on a testbed inside the head's host (its CPU quota
+    and thread count win)."""
     argv = [sys.executable, __file__, ONE_PROCESS_FLAG, str(folder), "--tokens", str(tokens),
             DEVICE_FLAG, device]  # fmt: skip
+    if cuts is not None:
+        argv = [sys.executable, __file__, STAGES_FLAG, str(folder), "--tokens", str(tokens),
+                "--stages-cuts", ",".join(map(str, cuts))]  # fmt: skip
     if tb is not None:
         argv = place(tb, STAGE_ROLE, 0).wrap(argv)
     done = subprocess.run(argv, capture_output=True, text=True,
@@ -138,9 +172,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument(ONE_PROCESS_FLAG, metavar="FOLDER", help="internal: the testbed's baseline")
     p.add_argument(DEVICE_FLAG, default="cpu", help="internal: the baseline's device")
+    p.add_argument(STAGES_FLAG, metavar="FOLDER", help="internal: the stages in one process")
+    p.add_argument("--stages-cuts", default="", help="internal: that arm's cuts")
     args = p.parse_args(argv)
     if args.one_process_arm:
         return one_process_arm(args.one_process_arm, args.tokens, args.one_process_device)
+    if args.stages_arm:
+        cuts = [int(c) for c in args.stages_cuts.split(",")]
+        return stages_arm(args.stages_arm, args.tokens, cuts)
     tokens, reps = (32, 1) if args.quick else (args.tokens, args.reps)
     on_testbed = args.testbed != "none"
     where = (
@@ -185,11 +224,16 @@ def main(argv: list[str] | None = None) -> int:
             arm_env = {"OMP_NUM_THREADS": str(threads), **omp_env()}
             report.add_arm("ring_stage", thread_policy(torch_threads=threads, env=arm_env))
         one, ring, profiles, costs, same = [], [], [], [], True
+        staged: list[dict[str, Any]] = []  # the stages-in-one-process arm (CPU only)
         for rep in range(reps):
             arm = one_process_fresh(tb, folder, tokens, arm_env, cfg.device)
             ref_tpot, ref_ttft, ref_ids = arm["tpot_ms_median"], arm["ttft_ms"], arm["token_ids"]
             report.add_arm("one_process", arm["threads"])
             one.append(ref_tpot)
+            if cfg.device == "cpu":
+                staged.append(one_process_fresh(tb, folder, tokens, arm_env, cuts=cuts))
+                report.add_arm("stages_in_one_process", staged[-1]["threads"])
+                same &= staged[-1]["token_ids"] == ref_ids
             run_dir = Path(tempfile.mkdtemp(prefix=f"bench_ring-{rep}-"))
             group, result = run_ring(cfg, run_dir=run_dir, timeout_s=1800, testbed=tb)
             if group.exit_code != 0 or result is None:
@@ -233,6 +277,20 @@ def main(argv: list[str] | None = None) -> int:
     per_hop = [(p[0]["tpot_ms"] - sum(s["compute_ms"] for s in p)) / hops for p in profiles]
     report.add_result(per_hop_ms=per_hop)
     report.add_target("per_hop_ms", statistics.median(per_hop), 0.3, "<=")
+    if staged:  # where the gap lies: the partition, the separate processes, the hops
+        report.add_result(
+            stages_in_one_process_tpot_ms_median=median([a["tpot_ms_median"] for a in staged]),
+            stages_in_one_process_compute_ms=staged[-1]["compute_ms"],
+        )  # fmt: skip
+        report.add_ratio(
+            "stages_in_one_process_over_one_process",
+            median([a["tpot_ms_median"] for a in staged]) / statistics.median(one),
+        )
+        ring_compute = [sum(s["compute_ms"] for s in p) for p in profiles]
+        report.add_ratio(
+            "ring_compute_over_stages_in_one_process",
+            median(ring_compute) / median([sum(a["compute_ms"]) for a in staged]),
+        )
     # three stages doing one sequence's work in turn cannot beat one process doing it all on
     # the same cores; on a testbed each stage has its own host's quota, which a stage busy a
     # third of the time never exhausts, so the ring can be as fast as one process given the

@@ -5,12 +5,17 @@ per-stage positions run on it. Stage threads' errors are re-raised in the caller
 `window > 0` the stages also run the window barrier on the control lane and migrate KV on the
 KV lane of the same transports (`splitlab.infer.ring_wire.ring_links`, as over TCP).
 
+`decode_in_turn` is the ring's work with no ring at all: every stage's compute called in turn
+on one thread, per token. `tools/bench_ring.py` times it beside the ring and the unsplit model,
+to tell what the partition costs from what separate processes and the hops cost.
+
     .venv/bin/pytest tests/equivalence/test_ring_equivalence.py -q
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 
 import torch
@@ -22,10 +27,48 @@ from splitlab.infer.migration import Migrator
 from splitlab.infer.planners import Noop, Planner
 from splitlab.infer.ring import GenParams, RingResult, RingStage, StageIdentity
 from splitlab.infer.ring_wire import RingLinks, ring_links, stage_peer
+from splitlab.infer.sampling import new_generator, sample_token
 from splitlab.infer.window import HeadControl, StageControl
 from splitlab.models.shard import CheckpointIndex
 from splitlab.telemetry.trace import Tracer
 from splitlab.wire.inproc import InProcHub, InProcTransport
+
+
+@torch.inference_mode()
+def decode_in_turn(
+    computes: Sequence[StageCompute], prompt_ids: torch.Tensor, gen: GenParams
+) -> tuple[RingResult, list[list[float]]]:
+    """Prefill `prompt_ids` (1 x T) and decode through every stage's compute in turn, sampling
+    as the head does; returns the result and, per decode token, each stage's compute (ms)."""
+    generator = new_generator(gen.seed)
+    x = prompt_ids.reshape(1, -1).to(torch.long)
+    tokens: list[int] = []
+    tpot: list[float] = []
+    compute: list[list[float]] = []
+    ttft_ms, reason, pos = 0.0, "max_new_tokens", 0
+    for step in range(gen.max_new_tokens):
+        t0 = time.perf_counter()
+        hidden, stage_ms = x, []
+        for stage in computes:
+            t1 = time.perf_counter()
+            hidden = stage.forward(hidden, pos)
+            stage_ms.append((time.perf_counter() - t1) * 1e3)
+        token = sample_token(
+            hidden[0], temperature=gen.temperature, top_k=gen.top_k, generator=generator
+        )
+        trip_ms = (time.perf_counter() - t0) * 1e3
+        if step == 0:
+            ttft_ms = trip_ms
+        else:
+            tpot.append(trip_ms)
+            compute.append(stage_ms)
+        pos += x.shape[1]
+        tokens.append(token)
+        if token in gen.eos_ids:
+            reason = "eos"
+            break
+        x = torch.tensor([[token]], dtype=torch.long)
+    return RingResult(tokens, prompt_ids.shape[-1], reason, ttft_ms, tpot), compute
 
 
 def run_local_ring(

@@ -10,7 +10,11 @@ import pytest
 import torch
 from model_helpers import model_option
 
+from splitlab.infer.compute import PartCompute
+from splitlab.infer.local import decode_in_turn
 from splitlab.infer.ring import GenParams
+from splitlab.models.plan import ring_plan
+from splitlab.models.shard import load_part, open_checkpoint
 from splitlab.reference.tiny import local_ring, reference_tokens, save_tiny
 
 PROMPT = torch.tensor([[464, 3290, 286, 4881, 318, 257, 1588, 1748]])
@@ -47,6 +51,17 @@ def test_stops_at_eos(checkpoint) -> None:
     ring, _ = local_ring(checkpoint, [1, 3], PROMPT, gen)
     assert ring.stop_reason == "eos"
     assert ring.token_ids == first[: first.index(first[2]) + 1]
+
+
+def test_stages_in_turn_decode_the_reference_tokens(checkpoint) -> None:
+    """bench_ring's middle arm: the ring's parts called in turn, no ring, same tokens."""
+    index = open_checkpoint(checkpoint)
+    spans = ring_plan(index.family.num_layers(index.config), [1, 3])
+    parts = [PartCompute(load_part(index, span)[0]) for span in spans]
+    gen = GenParams(max_new_tokens=12)
+    result, compute = decode_in_turn(parts, PROMPT, gen)
+    assert result.token_ids == reference_tokens(checkpoint, PROMPT, gen)
+    assert len(compute) == 11 and all(len(c) == 3 and min(c) > 0 for c in compute)
 
 
 @pytest.mark.assets
