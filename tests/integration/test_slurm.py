@@ -87,10 +87,14 @@ def slurm_and_local(tmp_path: Path, overrides: list[str], num_jobs: int) -> None
 @pytest.fixture(scope="module")
 def failing_sweep(tmp_path_factory: pytest.TempPathFactory):
     """Two long ring jobs with a 1-minute limit: job 0 is scancel'ed once running, job 1 runs
-    into its limit. Returns the finished sweep process, its folder and its aggregate table."""
+    into its limit. Returns the finished sweep process, its folder and its aggregate table.
+
+    The middle stage sleeps 49x its compute per token (`drift=one_slow_node`), so the jobs
+    take ~0.13 of a core rather than ~1.1 for that minute, away from the tests beside them."""
     sweep = tmp_path_factory.mktemp("failing") / "sweep"
     long_ring = ["task=infer", "model=tiny_llama", "model.max_position_embeddings=100000",
-                 "task.max_new_tokens=90000", "task.seed=0,1"]  # fmt: skip
+                 "task.max_new_tokens=90000", "drift=one_slow_node", "drift.phi=50",
+                 "task.seed=0,1"]  # fmt: skip
     argv = splitlab(*ON_SLURM, *long_ring, "hydra.launcher.timeout_min=1",
                     f"hydra.sweep.dir={sweep}")  # fmt: skip
     with subprocess.Popen(argv, cwd=REPO, text=True, stdout=subprocess.PIPE,
