@@ -28,7 +28,9 @@ from splitlab.control import broker_users
 from splitlab.control.embedded import EmbeddedBusServer
 from splitlab.control.membership import new_session_key_hex
 from splitlab.errors import ExitCode
+from splitlab.launch.supervisor import LAUNCHER_PID_ENV
 from splitlab.launch.train import node_children, run_finetune
+from splitlab.launch.zygote import Zygotes
 from splitlab.models.load import load_model
 from splitlab.train.checkpoint import completed_rounds, latest_checkpoint
 from splitlab.wire.session_key import SESSION_KEY_ENV
@@ -183,12 +185,14 @@ def test_sigkill_worker_mid_window_then_resume(tmp_path: Path) -> None:
         cfg, run_dir / "config.yaml", run_dir=run_dir, session="killtest",
         control=(address.host, address.port), env={},
     )  # fmt: skip
-    procs = {
-        c.name: subprocess.Popen(
-            list(c.argv), env=env, stdout=c.log_path.open("w"), stderr=subprocess.STDOUT
-        )
-        for c in children
-    }
+    # forked from one zygote, as the launcher starts them (one torch import, not five)
+    zygotes = Zygotes([c.argv for c in children], pid_env=LAUNCHER_PID_ENV)
+    procs = {}
+    for c in children:
+        with c.log_path.open("w") as out:
+            procs[c.name] = zygotes.spawn(list(c.argv), env, out.fileno()) or subprocess.Popen(
+                list(c.argv), env=env, stdout=out, stderr=subprocess.STDOUT
+            )
     try:
         deadline = (
             time.monotonic() + 600
@@ -213,6 +217,7 @@ def test_sigkill_worker_mid_window_then_resume(tmp_path: Path) -> None:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        zygotes.close()
         server.close()
 
     assert all(code != 0 for code in codes.values()), codes
