@@ -10,8 +10,10 @@ import os
 import secrets
 import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
+from typing import IO
 
 import pytest
 import torch
@@ -24,7 +26,8 @@ from splitlab.config.schema import LoraConfig
 from splitlab.configure import compose_config
 from splitlab.control.embedded import EmbeddedBusServer
 from splitlab.errors import ExitCode
-from splitlab.launch.supervisor import ChildSpec, run_group
+from splitlab.launch.supervisor import LAUNCHER_PID_ENV, ChildSpec, run_group
+from splitlab.launch.zygote import Zygotes
 from splitlab.models.parts import build_parts
 from splitlab.models.plan import u_shape_plan
 from splitlab.reference.ushape import UShapeEngine
@@ -138,24 +141,32 @@ def test_one_owner_one_worker_processes_match_unsplit(tmp_path: Path, family: st
 
 
 def run_each(children: list[ChildSpec], timeout_s: float = 120.0) -> dict[str, tuple[int, str]]:
-    """Every child to its own end (no teardown at the first failure): name -> (code, output)."""
-    procs = {
-        c.name: subprocess.Popen(
-            list(c.argv),
-            env={**os.environ, **c.env},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )  # fmt: skip
-        for c in children
-    }
+    """Every child to its own end (no teardown at the first failure): name -> (code, output).
+    Forked from one zygote, as the launcher starts them."""
+    zygotes = Zygotes([c.argv for c in children], pid_env=LAUNCHER_PID_ENV)
+    logs = {c.name: tempfile.TemporaryFile(mode="w+") for c in children}
+    procs = {}
+    for c in children:
+        env, out = {**os.environ, **c.env}, logs[c.name]
+        procs[c.name] = zygotes.spawn(list(c.argv), env, out.fileno()) or subprocess.Popen(
+            list(c.argv), env=env, stdout=out, stderr=subprocess.STDOUT
+        )
     try:
-        return {name: (p.wait(timeout_s), p.stdout.read()) for name, p in procs.items()}  # type: ignore[union-attr]
+        codes = {name: p.wait(timeout_s) for name, p in procs.items()}
+        return {name: (code, _read(logs[name])) for name, code in codes.items()}
     finally:
         for p in procs.values():
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        zygotes.close()
+        for log in logs.values():
+            log.close()
+
+
+def _read(log: IO[str]) -> str:
+    log.seek(0)
+    return log.read()
 
 
 @pytest.mark.slow
