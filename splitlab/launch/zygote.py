@@ -59,6 +59,9 @@ POST_FORK_KEYS = ("OMP_NUM_THREADS",)  # and every SPLITLAB_* variable: read at 
 ROLE_MODULES = {"stage": "splitlab.infer.stage", "evaluator": "splitlab.train.final_eval"}
 EVERY_NODE = (NODE_MODULE, "splitlab.configure")  # the node, and what reads its config
 ROLE_DEFAULT = "splitlab.train.roles"
+# A stage with a model (no `--echo`) also imports the shard loader: ~2 s of transformers
+# imports per stage, paid once in the zygote instead. A model-free stage never imports it.
+MODEL_STAGE_MODULE = "splitlab.models.shard"
 TITLE_ROOM = 4096  # bytes of argv area a child can write its own command line into
 READY_TIMEOUT_S = 120.0  # the preload on a loaded host; longer means the zygote is stuck
 MESSAGE_BYTES = 1 << 20
@@ -87,6 +90,8 @@ def preload(argvs: Sequence[Sequence[str]]) -> list[str]:
     for argv in argvs:
         role = argv[argv.index("--role") + 1] if "--role" in argv[:-1] else ""
         modules.add(ROLE_MODULES.get(role, ROLE_DEFAULT))
+        if role == "stage" and "--echo" not in argv:
+            modules.add(MODEL_STAGE_MODULE)
     return sorted(modules)
 
 

@@ -90,9 +90,10 @@ def test_pure_helpers() -> None:
     }
     assert zy.import_env(env) == {"A": "1", "OMP_WAIT_POLICY": "PASSIVE"}
     assert zy.preload([[*node, "stage"], [*node, "owner"], [*node, "worker"]]) == [
-        "splitlab.configure", "splitlab.infer.stage", "splitlab.node", "splitlab.train.roles",
+        "splitlab.configure", "splitlab.infer.stage", "splitlab.models.shard", "splitlab.node",
+        "splitlab.train.roles",
     ]  # fmt: skip
-    assert zy.preload([[*node, "stage"]]) == [
+    assert zy.preload([[*node, "stage", "--echo"]]) == [  # model-free: no shard loader
         "splitlab.configure", "splitlab.infer.stage", "splitlab.node",
     ]  # fmt: skip
     assert not zy.enabled({zy.FORK_ENV: "0"})
