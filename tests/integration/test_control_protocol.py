@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -72,6 +73,12 @@ def test_abort_behind_other_messages_is_seen_first(buses: BusFactory) -> None:
     buses.open("o1").publish(
         "w0", Abort(session_id=buses.session, sender="o1", reason="loss is NaN", cause_node="o1")
     )
+    # All four buffered first: on RabbitMQ the abort comes over another connection, and the
+    # worker's first pull can return before the broker has pushed it (the plans alone).
+    deadline = time.monotonic() + 10.0
+    while len(worker.inbox) < 4:
+        assert time.monotonic() < deadline, f"{len(worker.inbox)} of 4 messages arrived"
+        worker._pull(0.1)
     with pytest.raises(AbortedError, match="o1"):
         worker.wait_for((Kind.PLAN,), timeout_s=10.0)
 
