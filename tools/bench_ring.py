@@ -45,7 +45,7 @@ from splitlab.errors import tool_exit
 from splitlab.infer.compute import PartCompute
 from splitlab.infer.local import decode_in_turn
 from splitlab.infer.prompt import encode_prompt
-from splitlab.infer.ring import GenParams, RingResult
+from splitlab.infer.ring import GenParams
 from splitlab.infer.topology import resolve_ring
 from splitlab.launch.ring import STAGE_ROLE, model_ref, run_ring
 from splitlab.launch.threads import local_stage_env, omp_env
@@ -133,13 +133,11 @@ def stages_arm(folder: str, tokens: int, cuts: list[int]) -> int:
     index = open_checkpoint(folder)
     spans = ring_plan(index.family.num_layers(index.config), cuts)
     prompt_ids = encode_prompt(tokenizer, PROMPT)
-
-    def run(n: int) -> tuple[RingResult, list[list[float]]]:
-        parts = [PartCompute(load_part(index, span)[0]) for span in spans]
-        return decode_in_turn(parts, prompt_ids, GenParams(max_new_tokens=n))
-
-    run(4)  # warm-up
-    result, compute = run(tokens)
+    parts = [PartCompute(load_part(index, span)[0]) for span in spans]
+    decode_in_turn(parts, prompt_ids, GenParams(max_new_tokens=4))  # warm-up
+    for part in parts:
+        part.reset()  # an empty KV cache again
+    result, compute = decode_in_turn(parts, prompt_ids, GenParams(max_new_tokens=tokens))
     print(json.dumps({"tpot_ms_median": result.tpot_ms_median, "token_ids": result.token_ids,
                       "compute_ms": [median([c[i] for c in compute]) for i in range(len(spans))],
                       "threads": thread_policy(torch_threads=torch.get_num_threads())}))  # fmt: skip
@@ -151,11 +149,9 @@ def one_process_fresh(tb: Testbed | None, folder: Path, tokens: int, env: dict[s
     """`one_process_arm` (or with `cuts`, `stages_arm`) in a fresh process under the stages'
     OpenMP policy and thread count (`env`); on a testbed inside the head's host (its CPU quota
     and thread count win)."""
-    argv = [sys.executable, __file__, ONE_PROCESS_FLAG, str(folder), "--tokens", str(tokens),
-            DEVICE_FLAG, device]  # fmt: skip
-    if cuts is not None:
-        argv = [sys.executable, __file__, STAGES_FLAG, str(folder), "--tokens", str(tokens),
-                "--stages-cuts", ",".join(map(str, cuts))]  # fmt: skip
+    arm = ([STAGES_FLAG, str(folder), "--stages-cuts", ",".join(map(str, cuts))]
+           if cuts is not None else [ONE_PROCESS_FLAG, str(folder), DEVICE_FLAG, device])  # fmt: skip
+    argv = [sys.executable, __file__, *arm, "--tokens", str(tokens)]
     if tb is not None:
         argv = place(tb, STAGE_ROLE, 0).wrap(argv)
     done = subprocess.run(argv, capture_output=True, text=True,
