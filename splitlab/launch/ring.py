@@ -2,7 +2,8 @@
 
 `prepare_ring` resolves what the config leaves open (cuts, loopback addresses, a free base
 port), saves a random-init model once into the run folder so every stage loads the same
-weights, and writes `RUN/config.yaml`; `stage_children` starts every stage as
+weights (copied from the cache after the first build: `splitlab.models.random_checkpoint`),
+and writes `RUN/config.yaml`; `stage_children` starts every stage as
 `python -m splitlab.node --config RUN/config.yaml --role stage --rank I` with the session key
 in its environment; `run_infer` runs them under `splitlab.launch.supervisor.run_group` and
 prints the prompt, the answer, TTFT, TPOT and tokens/s, and hands those figures to the selected
@@ -53,6 +54,7 @@ from splitlab.infer.topology import resolve_ring
 from splitlab.launch.supervisor import LAUNCHER_PID_ENV, ChildSpec, GroupResult, run_group
 from splitlab.launch.threads import local_stage_env
 from splitlab.launch.zygote import ForkedNode, Zygotes
+from splitlab.models.random_checkpoint import save_random_checkpoint
 from splitlab.preflight import preflight
 from splitlab.testbed.netns import TestbedError
 from splitlab.testbed.placement import (
@@ -121,20 +123,6 @@ def model_ref(model: ModelConfig, run_dir: Path, *, seed: int) -> str:
     if ModelSource(model.source) is ModelSource.random:
         save_random_checkpoint(model, run_dir / RANDOM_CHECKPOINT, seed=seed)
     return str(model_folder(model, run_dir))
-
-
-def save_random_checkpoint(model_cfg: ModelConfig, folder: Path, *, seed: int) -> Path:
-    """Random-init weights (seeded) plus the tokenizer, saved once as safetensors."""
-    import torch
-
-    from splitlab.models.load import load_model
-
-    torch.manual_seed(seed)
-    model, tokenizer = load_model(model_cfg)
-    model.save_pretrained(folder)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(folder)
-    return folder
 
 
 def prepare_ring(cfg: Config, run_dir: Path, *, echo: bool = False,
