@@ -23,7 +23,6 @@ import importlib
 import logging
 import os
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NoReturn
@@ -47,7 +46,7 @@ from splitlab.config.load import (
 from splitlab.config.schema import Config
 from splitlab.configure import validate
 from splitlab.errors import ConfigError, ExitCode, SplitlabError, as_storage_error
-from splitlab.telemetry.log import exit_now, setup_logging
+from splitlab.telemetry.log import leave, setup_logging
 
 # task name -> "module:function" taking (cfg: Config) and returning an exit code.
 TASKS: dict[str, str] = {
@@ -264,10 +263,7 @@ def console_main() -> NoReturn:
             code = 1
         else:
             code = exc.code or 0
-    if any(t.is_alive() and not t.daemon for t in threading.enumerate()
-           if t is not threading.main_thread()):  # fmt: skip
-        sys.exit(code)
-    exit_now(code)
+    leave(code)
 
 
 if __name__ == "__main__":

@@ -11,10 +11,10 @@ as a run's report is); prints the paths and the table.
 from __future__ import annotations
 
 import argparse
-import sys
 
 from splitlab.analysis.sweep import write_aggregate
 from splitlab.errors import tool_exit
+from splitlab.telemetry.log import leave
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,4 +33,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(tool_exit("aggregate_sweep", main))
+    leave(tool_exit("aggregate_sweep", main))

@@ -28,6 +28,7 @@ from splitlab.errors import tool_exit
 from splitlab.models.load import load_model
 from splitlab.models.plan import u_shape_plan
 from splitlab.telemetry.bench import BenchReport, bench_arg_parser, median, thread_policy
+from splitlab.telemetry.log import leave
 from splitlab.train.nodes import partition_parameters
 from splitlab.train.optim import adamw
 
@@ -128,4 +129,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(tool_exit("bench_adamw", main))
+    leave(tool_exit("bench_adamw", main))

@@ -64,6 +64,7 @@ from splitlab.infer.route import stage_blocks
 from splitlab.infer.topology import resolve_ring
 from splitlab.launch.ring import run_ring
 from splitlab.telemetry.bench import BenchReport, bench_arg_parser, median
+from splitlab.telemetry.log import leave
 from splitlab.testbed.placement import testbed_for
 
 PROMPT = "Write a long story about a dragon who learns to cook."
@@ -346,4 +347,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(tool_exit("bench_adaptive", main))
+    leave(tool_exit("bench_adaptive", main))

@@ -29,6 +29,7 @@ from splitlab.errors import (
     tool_exit,
 )
 from splitlab.telemetry.bench import BenchReport, bench_arg_parser, median, percentile  # noqa: E402
+from splitlab.telemetry.log import leave
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 GOALS_MS = {"embedded": 1.0, "rabbitmq": 5.0}
@@ -140,4 +141,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(tool_exit("bench_control", main))
+    leave(tool_exit("bench_control", main))

@@ -34,6 +34,7 @@ from splitlab.measure import probes
 from splitlab.measure.calibrate import model_checkpoint
 from splitlab.models.shard import load_blocks
 from splitlab.telemetry.bench import BenchReport, bench_arg_parser, thread_policy
+from splitlab.telemetry.log import leave
 
 ARMS = ("cold_idle", "warm_idle", "cold_loaded", "warm_loaded")
 R2_GOAL = 0.9
@@ -125,4 +126,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(tool_exit("bench_ln", main))
+    leave(tool_exit("bench_ln", main))

@@ -41,6 +41,7 @@ from splitlab.errors import tool_exit
 from splitlab.infer.topology import resolve_ring
 from splitlab.launch.ring import model_ref, run_ring
 from splitlab.telemetry.bench import BenchReport, bench_arg_parser, median
+from splitlab.telemetry.log import leave
 
 PROMPT = "Write a long story about a robot who learns to paint."
 HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
@@ -180,4 +181,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(tool_exit("bench_migration", main))
+    leave(tool_exit("bench_migration", main))

@@ -30,6 +30,7 @@ from splitlab.infer.planners import (
 )
 from splitlab.infer.route import stage_blocks
 from splitlab.telemetry.bench import BenchReport, bench_arg_parser, median, thread_policy
+from splitlab.telemetry.log import leave
 
 NUM_LAYERS = 30  # SmolLM2-135M's blocks
 HIDDEN_BYTES, TOKEN_BYTES, KV_BYTES = 2304, 8, 1536  # its fp32 hidden state, a token id, KV
@@ -111,4 +112,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(tool_exit("bench_planner", main))
+    leave(tool_exit("bench_planner", main))

@@ -35,6 +35,7 @@ from splitlab.measure.calibrate import model_checkpoint
 from splitlab.models.plan import Span
 from splitlab.models.shard import load_part
 from splitlab.telemetry.bench import BenchReport, bench_arg_parser, median, thread_policy
+from splitlab.telemetry.log import leave
 
 RELEASE_GOAL_MS = 5.0  # a release shares cores with a neighbour's token path
 
@@ -152,4 +153,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(tool_exit("bench_release", main))
+    leave(tool_exit("bench_release", main))

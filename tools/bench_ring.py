@@ -53,6 +53,7 @@ from splitlab.models.plan import ring_plan
 from splitlab.models.shard import load_part, load_part_hf, open_checkpoint, owned_bytes
 from splitlab.reference.generate import generate_reference
 from splitlab.telemetry.bench import BenchReport, bench_arg_parser, median, thread_policy
+from splitlab.telemetry.log import leave
 from splitlab.testbed.placement import place, testbed_for
 from splitlab.testbed.session import Testbed
 
@@ -300,4 +301,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(tool_exit("bench_ring", main))
+    leave(tool_exit("bench_ring", main))

@@ -58,6 +58,7 @@ from splitlab.models.load import load_model
 from splitlab.models.parts import build_parts, group
 from splitlab.models.plan import u_shape_plan
 from splitlab.telemetry.bench import BenchReport, bench_arg_parser, median
+from splitlab.telemetry.log import leave
 from splitlab.train.feed import OwnerFeed
 from splitlab.train.lora import apply_lora
 from splitlab.train.node_setup import autocast_dtype
@@ -250,4 +251,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(tool_exit("bench_ushape", main))
+    leave(tool_exit("bench_ushape", main))

@@ -17,6 +17,7 @@ import sys
 
 from splitlab.control import broker_users
 from splitlab.errors import ExitCode, SplitlabError
+from splitlab.telemetry.log import leave
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,4 +52,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())

@@ -35,7 +35,7 @@ from splitlab.measure.calibrate import (
     summary_lines,
     write_record,
 )
-from splitlab.telemetry.log import setup_logging
+from splitlab.telemetry.log import leave, setup_logging
 
 
 def overrides(args: argparse.Namespace) -> list[str]:
@@ -167,4 +167,4 @@ def _calibrate(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())

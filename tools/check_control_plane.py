@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from splitlab.config.schema import Config
 from splitlab.configure import compose_config
 from splitlab.errors import tool_exit
 from splitlab.launch.ring import spawn_stages
+from splitlab.telemetry.log import leave
 
 HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
 WINDOW = 2
@@ -137,4 +137,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(tool_exit("check_control_plane", main))
+    leave(tool_exit("check_control_plane", main))

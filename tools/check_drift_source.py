@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from splitlab.drift.profiles import PROFILES, ProfileParams, generate
 from splitlab.drift.replay import ReplaySource
 from splitlab.drift.trace_io import TraceHeader, write_trace
 from splitlab.errors import SplitlabError
+from splitlab.telemetry.log import leave
 
 READ_BUDGET_MS = 2.0
 NOISE_SAMPLES = 20_000
@@ -148,4 +148,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())

@@ -51,6 +51,7 @@ from splitlab.infer.stage import tokenizer_ref
 from splitlab.launch.ring import model_ref, run_ring
 from splitlab.preflight import preflight
 from splitlab.reference.generate import generate_reference
+from splitlab.telemetry.log import leave
 
 DTYPES = {"auto": "auto", "fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -196,4 +197,4 @@ def _shift_applied(run_dir: Path) -> dict | None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())

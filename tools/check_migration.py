@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 
 import torch
@@ -25,6 +24,7 @@ from splitlab.infer.planners import ForcedShift
 from splitlab.infer.prompt import encode_prompt
 from splitlab.infer.ring import GenParams
 from splitlab.reference.tiny import local_ring
+from splitlab.telemetry.log import leave
 
 PROMPT = "Write a long story about a robot who learns to paint."
 
@@ -70,4 +70,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(tool_exit("check_migration", main))
+    leave(tool_exit("check_migration", main))

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from splitlab.configure import compose_config
 from splitlab.errors import ExitCode, tool_exit
 from splitlab.infer.folders import RESULT_FILE
 from splitlab.launch.ring import spawn_stages
+from splitlab.telemetry.log import leave
 
 HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
 START_S = 180.0  # spawn -> ring done: three torch imports take most of a minute on a busy host
@@ -141,4 +141,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(tool_exit("check_multinode", main))
+    leave(tool_exit("check_multinode", main))

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from splitlab.analysis.links import derive_link_params, format_estimate, format_path, shaped_paths
 from splitlab.analysis.traces import load_traces, traces_dir
 from splitlab.errors import tool_exit
+from splitlab.telemetry.log import leave
 from splitlab.testbed.placement import RECORD_FILE
 
 
@@ -50,4 +50,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(tool_exit("derive_link_params", main))
+    leave(tool_exit("derive_link_params", main))

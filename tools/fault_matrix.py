@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from splitlab.errors import SplitlabError  # noqa: E402
 from splitlab.launch.supervisor import exit_meaning, shell_code  # noqa: E402
 from splitlab.telemetry.bench import BenchReport, bench_arg_parser  # noqa: E402
+from splitlab.telemetry.log import leave  # noqa: E402
 from splitlab.train.checkpoint import (  # noqa: E402
     checkpoint_path,
     completed_rounds,
@@ -490,4 +491,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())

@@ -51,6 +51,7 @@ from splitlab.control.messages import Ack, Kind, Plan, Propose  # noqa: E402
 from splitlab.errors import PeerLostError, ProtocolError, WaitTimeoutError, tool_exit  # noqa: E402
 from splitlab.infer.ring_wire import CtrlChannel, ctrl_frame, ctrl_message, stage_peer  # noqa: E402
 from splitlab.telemetry.bench import BenchReport, bench_arg_parser  # noqa: E402
+from splitlab.telemetry.log import leave
 from splitlab.wire.auth import client_handshake  # noqa: E402
 from splitlab.wire.blobs import read_blob_frame  # noqa: E402
 from splitlab.wire.errors import AuthError  # noqa: E402
@@ -561,4 +562,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(tool_exit("fuzz_listeners", main))
+    leave(tool_exit("fuzz_listeners", main))

@@ -27,6 +27,7 @@ from splitlab.config.schema import DriftConfig
 from splitlab.drift.profiles import PROFILES, ProfileParams, generate
 from splitlab.drift.trace_io import TraceHeader, write_trace
 from splitlab.errors import ConfigError
+from splitlab.telemetry.log import leave
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -64,4 +65,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())

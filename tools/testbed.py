@@ -22,6 +22,7 @@ import signal
 import sys
 
 from splitlab.errors import ExitCode, SplitlabError
+from splitlab.telemetry.log import leave
 from splitlab.testbed.netns import TestbedError, missing_privileges
 from splitlab.testbed.session import (
     Testbed,
@@ -138,4 +139,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())

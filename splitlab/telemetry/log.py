@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import NoReturn
@@ -71,3 +72,12 @@ def exit_now(code: int) -> NoReturn:
         except (OSError, ValueError):  # a closed pipe: nothing more can be said
             pass
     os._exit(code)
+
+
+def leave(code: int) -> NoReturn:
+    """How a process's entry point ends (`splitlab`, the tools): `exit_now(code)`, or the
+    normal exit, which waits for them, while a non-daemon thread it started still runs."""
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate()
+           if t is not threading.main_thread()):  # fmt: skip
+        sys.exit(code)
+    exit_now(code)
