@@ -96,8 +96,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Group each test for `--dist loadgroup`: its marker's group if it needs an exclusive
     resource, else its file. On an xdist worker, also order the groups (`--no-loadscope-reorder`
     keeps the order): `slurm` first, the longest (a job's time limit), so it is not the run's
-    tail; then by their count of `slow` tests; `testbed` last, where its rates and timings do
-    not share the cores with the Slurm sweeps' processes."""
+    tail; then by their count of `slow` tests, with `testbed` third. xdist hands the first two
+    groups out at the start and the next to the first worker nearly done, which is most often
+    the Slurm one: the testbed's rates and timings then do not share the cores with the Slurm
+    sweeps' processes, and its ~2.5 minutes are not the run's tail (last, they were)."""
     groups: dict[str, str] = {}
     for item in items:
         if (mark := item.get_closest_marker("xdist_group")) is None:
@@ -112,8 +114,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             slow[groups[item.nodeid]] = slow.get(groups[item.nodeid], 0) + bool(
                 item.get_closest_marker("slow")
             )
-        weight = {g: (g != "slurm", g == "testbed", -n) for g, n in slow.items()}
-        items.sort(key=lambda item: weight[groups[item.nodeid]])  # stable: file order kept
+        order = sorted(slow, key=lambda g: (g != "slurm", g == "testbed", -slow[g]))
+        if "testbed" in slow:
+            order.remove("testbed")
+            order.insert(min(2, len(order)), "testbed")
+        rank = {g: i for i, g in enumerate(order)}
+        items.sort(key=lambda item: rank[groups[item.nodeid]])  # stable: file order kept
 
 
 def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
