@@ -156,7 +156,8 @@ class _Child:
 
     A child with a `log_path` writes its stdout and stderr into that file itself (its own
     descriptor, appended), and the reader follows the file: whatever a node wrote is on disk
-    even when the supervisor dies with it (SIGKILL). Without one, the output comes over a pipe.
+    even when the supervisor dies with it (SIGKILL). Without one, the output comes over a pipe,
+    whose write end goes to the zygote when the child forks from one.
     """
 
     def __init__(
@@ -170,23 +171,27 @@ class _Child:
             LAUNCHER_PID_ENV: str(os.getpid()),
         }
         self._offset = 0
-        out: Any = subprocess.PIPE
+        self._pipe: IO[bytes] | None = None  # the read end of a forked child's output pipe
         if spec.log_path is not None:
-            out = open(spec.log_path, "ab")  # noqa: SIM115 - the child keeps its own copy
+            out: Any = open(spec.log_path, "ab")  # noqa: SIM115 - the child keeps its own copy
             self._offset = out.tell()
-        try:
-            forked = None if spec.log_path is None else zygotes.spawn(spec.argv, env, out.fileno())
-            self.proc: subprocess.Popen[bytes] | ForkedNode = forked or subprocess.Popen(
-                list(spec.argv),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,  # its own process group: teardown reaches grandchildren
-            )
-        finally:
-            if spec.log_path is not None:
+            try:
+                forked = zygotes.spawn(spec.argv, env, out.fileno())
+                self.proc: subprocess.Popen[bytes] | ForkedNode = forked or self._popen(env, out)
+            finally:
                 out.close()
+        else:
+            read, write = os.pipe()
+            try:
+                forked = zygotes.spawn(spec.argv, env, write)
+            finally:
+                os.close(write)  # the child holds the only write end: EOF when it is gone
+            if forked is None:
+                os.close(read)
+                self.proc = self._popen(env, subprocess.PIPE)
+            else:
+                self.proc = forked
+                self._pipe = os.fdopen(read, "rb")
         self.lines: collections.deque[str] = collections.deque(maxlen=tail_lines)
         self.spoke = threading.Event()  # its first line arrived: it is up (imports done)
         self.killed = False
@@ -194,6 +199,16 @@ class _Child:
         target = self._follow if spec.log_path is not None else self._pump
         self.reader = threading.Thread(target=target, name=f"log-{spec.name}", daemon=True)
         self.reader.start()
+
+    def _popen(self, env: dict[str, str], out: Any) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            list(self.spec.argv),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,  # its own process group: teardown reaches grandchildren
+        )
 
     def _line(self, raw: bytes) -> None:
         line = raw.decode("utf-8", errors="replace").rstrip("\r")
@@ -204,9 +219,11 @@ class _Child:
             self._sink.flush()
 
     def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for raw in self.proc.stdout:
-            self._line(raw.rstrip(b"\n"))
+        stream = self._pipe or self.proc.stdout
+        assert stream is not None
+        with stream:
+            for raw in stream:
+                self._line(raw.rstrip(b"\n"))
 
     def _follow(self) -> None:
         """Read the child's log file from where it started, until the child has exited and

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from splitlab.launch import zygote as zy
-from splitlab.launch.supervisor import LAUNCHER_PID_ENV
+from splitlab.launch.supervisor import LAUNCHER_PID_ENV, ChildSpec, run_group
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux fork/proc")
 
@@ -200,3 +200,28 @@ def test_a_released_zygote_exits_once_its_children_have(tmp_path, probe_env) -> 
     node.terminate()
     assert node.wait(timeout=10) == -signal.SIGTERM
     assert z.proc.wait(timeout=10) == 0
+
+
+def test_a_group_without_log_files_forks_and_reads_its_nodes_over_pipes(
+    tmp_path, probe_env, monkeypatch
+) -> None:
+    """`run_group` children with no `log_path` (the tests' process groups) fork too: each
+    node's output comes over a pipe whose write end went to the zygote."""
+    monkeypatch.setattr(zy, "NODE_MODULE", "zprobe.main")
+    monkeypatch.setattr(zy, "preload", lambda argvs: ["json"])
+    monkeypatch.delenv(zy.FORK_ENV, raising=False)
+    for key, value in probe_env.items():
+        monkeypatch.setenv(key, value)
+    node = [sys.executable, "-m", "zprobe.main"]
+    specs = [
+        ChildSpec("ok", [*node, "--exit", "0"]),
+        ChildSpec("bad", [*node, "--exit", "3"]),
+    ]
+
+    result = run_group(specs, timeout_s=60, sink=None)
+
+    assert (result.exit_code, result.first_failure) == (3, "bad")
+    reports = {name: json.loads(c.last_lines[0]) for name, c in result.children.items()}
+    assert reports["ok"]["argv"] == ["--exit", "0"] and reports["bad"]["argv"] == ["--exit", "3"]
+    assert reports["ok"]["ppid"] == reports["bad"]["ppid"] != os.getpid()  # one zygote's
+    assert reports["ok"]["cmdline"] == [*node, "--exit", "0"]
