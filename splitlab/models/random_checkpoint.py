@@ -9,9 +9,9 @@ copy that folder: milliseconds, with no torch import.
 
 KEY is a digest of the model group, the seed, the installed torch and transformers versions
 and the source of `splitlab.models` (the family adapters' config and init code): a change to
-any of them builds a fresh checkpoint. A build happens in a temp folder beside the entries and
-is published by one atomic rename, so a crashed build leaves no entry and two concurrent ones
-publish one. `SPLITLAB_RANDOM_CACHE=0` builds into the run folder every time.
+any of them builds a fresh checkpoint. `splitlab.assets.build_once` builds it as it builds an
+asset: under a lock (a concurrent run waits for the build rather than building too), in a temp
+folder beside the entries, published by one atomic rename (a crashed build leaves no entry). `SPLITLAB_RANDOM_CACHE=0` builds into the run folder every time.
 
     .venv/bin/pytest tests/unit/test_random_checkpoint.py -q
 """
@@ -23,10 +23,10 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from importlib import metadata
 from pathlib import Path
 
+from splitlab.assets import build_once, cache_dir
 from splitlab.config.enums import ModelSource
 from splitlab.config.schema import ModelConfig
 from splitlab.errors import ConfigError
@@ -38,8 +38,6 @@ MODELS_DIR = Path(__file__).resolve().parent  # whose source decides a model's i
 
 def cache_root() -> Path:
     """Where the entries live: `random/` under the asset cache's root."""
-    from splitlab.assets import cache_dir
-
     return cache_dir() / CACHE_FOLDER
 
 
@@ -101,17 +99,11 @@ def save_random_checkpoint(model_cfg: ModelConfig, folder: Path, *, seed: int) -
         return build_random_checkpoint(model_cfg, folder, seed=seed)
     entries = cache_root()
     entry = entries / checkpoint_key(model_cfg, seed=seed)
-    if not entry.is_dir():
-        entries.mkdir(parents=True, exist_ok=True)
-        build = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entries))
-        try:
-            build_random_checkpoint(model_cfg, build, seed=seed)
-            try:
-                build.rename(entry)
-            except OSError:  # another process published the same key first
-                if not entry.is_dir():
-                    raise
-        finally:
-            shutil.rmtree(build, ignore_errors=True)
+    build_once(
+        entry,
+        lambda out, _scratch: build_random_checkpoint(model_cfg, out, seed=seed),
+        done=Path.is_dir,
+        locks=entries.parent / ".locks",  # beside the assets' own
+    )
     shutil.copytree(entry, folder, dirs_exist_ok=True)
     return folder
