@@ -12,26 +12,36 @@ What a forked node keeps from a started one:
 - Its command line: the child rewrites its argv area (`retitle`), so `ps`, `pgrep -f` and
   `tools/fault_matrix.py` see `python -m splitlab.node --config ... --role ...`. The zygote is
   started with `TITLE_ROOM` bytes of room for it.
-- Its environment: `os.environ` is the node's own. Only `POST_FORK_KEYS` may differ between
-  the zygote and its children (nothing reads them at import); children whose other variables
-  differ get a zygote of their own (`import_env`). OpenMP reads `OMP_NUM_THREADS`,
-  `OMP_WAIT_POLICY` and `GOMP_SPINCOUNT` when torch loads it, so the wait policy is part of
-  the zygote's environment and the thread count is applied with `torch.set_num_threads`.
+- Its environment: `os.environ` is the node's own. Only `POST_FORK_KEYS` and `SPLITLAB_*`
+  may differ between the zygote and its children (nothing reads them at import); children
+  whose other variables differ get a zygote of their own (`import_env`). OpenMP reads
+  `OMP_NUM_THREADS`, `OMP_WAIT_POLICY` and `GOMP_SPINCOUNT` when torch loads it, so the wait
+  policy is part of the zygote's environment and the thread count is applied with
+  `torch.set_num_threads`.
 - Its signals and exit: it is its own session leader, as a started node is; its exit status
   reaches the supervisor through the zygote (`ForkedNode`, a `Popen` look-alike). It dies
   with the zygote (`die_with_launcher`, `$SPLITLAB_LAUNCHER_PID` naming the zygote), and the
   zygote dies with the supervisor, so a launcher killed outright still takes its nodes along.
 
-Only plain local node commands (`sys.executable -m splitlab.node ...` with a log file) are
-forked; testbed nodes (`ip netns exec ...`) and anything else are started as before, and so
-is everything when the zygote cannot start (its error is logged). `SPLITLAB_FORK_NODES=0`
-turns it off.
+Only plain local node commands (`sys.executable -m splitlab.node ...`) are forked; testbed
+nodes (`ip netns exec ...`) and anything else are started as before, and so is everything
+when the zygote cannot start (its error is logged). `SPLITLAB_FORK_NODES=0` turns it off.
+
+A process that launches again keeps its zygotes (`KEEP` of them, the most recently used): a
+later group whose import environment matches, and whose roles' modules one of them has
+imported, forks from it instead of paying the imports again (Hydra multirun's jobs in one
+process, a test worker's runs). A zygote started with 4 s of CPU is otherwise spent on one
+run: `tests/integration/test_finetune_task.py` started 7 of them for 5 tests (~27 of its ~82
+CPU-s). Only launches from the main thread keep theirs, since the parent-death signal that
+ties a zygote to its launcher fires when the thread that started it ends; a forked copy of
+the process starts with none. A kept zygote exits with its process.
 
     .venv/bin/pytest tests/unit/test_launch_zygote.py -q
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -54,7 +64,10 @@ log = logging.getLogger(__name__)
 
 NODE_MODULE = "splitlab.node"
 FORK_ENV = "SPLITLAB_FORK_NODES"  # "0": start every node as its own interpreter
-POST_FORK_KEYS = ("OMP_NUM_THREADS",)  # and every SPLITLAB_* variable: read at run time only
+# Read at run time only, so they may differ between a zygote and its children: the thread
+# count, every SPLITLAB_* variable, and the name of the running test that pytest keeps in
+# PYTEST_CURRENT_TEST (a test worker's launches would otherwise never share a kept zygote).
+POST_FORK_KEYS = ("OMP_NUM_THREADS", "PYTEST_CURRENT_TEST")
 # what a role imports; other roles: ROLE_DEFAULT
 ROLE_MODULES = {"stage": "splitlab.infer.stage", "evaluator": "splitlab.train.final_eval"}
 EVERY_NODE = (NODE_MODULE, "splitlab.configure")  # the node, and what reads its config
@@ -62,6 +75,7 @@ ROLE_DEFAULT = "splitlab.train.roles"
 # A stage with a model (no `--echo`) also imports the shard loader: ~2 s of transformers
 # imports per stage, paid once in the zygote instead. A model-free stage never imports it.
 MODEL_STAGE_MODULE = "splitlab.models.shard"
+KEEP = 3  # zygotes a process keeps for later groups, ~0.3 GB resident each (module docstring)
 TITLE_ROOM = 4096  # bytes of argv area a child can write its own command line into
 READY_TIMEOUT_S = 120.0  # the preload on a loaded host; longer means the zygote is stuck
 MESSAGE_BYTES = 1 << 20
@@ -252,15 +266,54 @@ class Zygote:
             self.proc.wait(timeout=10)
 
 
+# (pid_env, import environment as JSON, preloaded modules) -> a zygote this process keeps
+_kept: collections.OrderedDict[tuple[str, str, frozenset[str]], Zygote] = collections.OrderedDict()
+os.register_at_fork(after_in_child=_kept.clear)  # a forked copy does not share its parent's
+
+
+def _keeping() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _kept_zygote(pid_env: str, key: str, modules: Sequence[str]) -> Zygote | None:
+    """A live kept zygote of this import environment that has imported `modules`."""
+    for entry, zygote in reversed(list(_kept.items())):
+        if zygote.proc.poll() is not None:
+            del _kept[entry]
+        elif entry[:2] == (pid_env, key) and entry[2].issuperset(modules):
+            _kept.move_to_end(entry)
+            return zygote
+    return None
+
+
+def _keep(pid_env: str, key: str, modules: Sequence[str], zygote: Zygote) -> None:
+    _kept[(pid_env, key, frozenset(modules))] = zygote
+    while len(_kept) > KEEP:
+        _kept.popitem(last=False)[1].release()  # it exits once its children have
+
+
+def _forget(zygote: Zygote) -> None:
+    for entry in [e for e, z in _kept.items() if z is zygote]:
+        del _kept[entry]
+
+
+def release_kept() -> None:
+    """Let every kept zygote go: each exits once its children have."""
+    while _kept:
+        _kept.popitem()[1].release()
+
+
 class Zygotes:
     """The zygotes of one process group, started on its first forkable child: one per import
-    environment (`import_env`), each preloading what all of the group's roles import. After a
-    zygote fails to start, the rest of the group is started as before."""
+    environment (`import_env`), each preloading what all of the group's roles import, or a
+    kept one that did (see module docstring). After a zygote fails, the rest of the group is
+    started as before."""
 
     def __init__(self, argvs: Sequence[Sequence[str]], *, pid_env: str) -> None:
         self._argvs = [list(a) for a in argvs if forkable(a)]
         self._pid_env = pid_env
         self._zygotes: dict[str, Zygote] = {}
+        self._kept: set[str] = set()  # keys whose zygote outlives this group
         self._failed = not enabled()
 
     def plan(self, argvs: Sequence[Sequence[str]]) -> None:
@@ -274,27 +327,41 @@ class Zygotes:
         if self._failed or not forkable(argv):
             return None
         key = json.dumps(import_env(env), sort_keys=True)
+        zygote = self._zygotes.get(key)
         try:
-            if key not in self._zygotes:
-                self._zygotes[key] = Zygote.start(import_env(env), preload(self._argvs),
-                                                  pid_env=self._pid_env)  # fmt: skip
-            zygote = self._zygotes[key]
+            if zygote is None:
+                zygote = self._zygotes[key] = self._start(key, import_env(env))
             return zygote.spawn(argv, {**env, self._pid_env: str(zygote.pid)}, output)
         except (OSError, RuntimeError, ValueError) as exc:
             log.warning("starting nodes as their own interpreters: the zygote failed: %s", exc)
+            if zygote is not None:
+                _forget(zygote)
             self._failed = True
             return None
 
+    def _start(self, key: str, env: Mapping[str, str]) -> Zygote:
+        modules = preload(self._argvs)
+        if not _keeping():
+            return Zygote.start(env, modules, pid_env=self._pid_env)
+        zygote = _kept_zygote(self._pid_env, key, modules)
+        if zygote is None:
+            zygote = Zygote.start(env, modules, pid_env=self._pid_env)
+            _keep(self._pid_env, key, modules, zygote)
+        self._kept.add(key)
+        return zygote
+
     def close(self) -> None:
-        """Wait for every zygote to exit (their children have, or they are killed)."""
-        for zygote in self._zygotes.values():
-            zygote.close()
+        """Wait for every zygote not kept to exit (their children have, or they are killed)."""
+        for key, zygote in self._zygotes.items():
+            if key not in self._kept:
+                zygote.close()
         self._zygotes.clear()
 
     def release(self) -> None:
-        """No more forks: each zygote exits by itself once its children have."""
-        for zygote in self._zygotes.values():
-            zygote.release()
+        """No more forks: each zygote not kept exits by itself once its children have."""
+        for key, zygote in self._zygotes.items():
+            if key not in self._kept:
+                zygote.release()
         self._zygotes.clear()
 
 

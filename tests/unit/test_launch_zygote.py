@@ -85,6 +85,7 @@ def test_pure_helpers() -> None:
     env = {
         "A": "1",
         "OMP_NUM_THREADS": "2",
+        "PYTEST_CURRENT_TEST": "tests/x.py::test_y (call)",
         "SPLITLAB_NODE_KEY": "ab",
         "OMP_WAIT_POLICY": "PASSIVE",
     }
@@ -225,3 +226,42 @@ def test_a_group_without_log_files_forks_and_reads_its_nodes_over_pipes(
     assert reports["ok"]["argv"] == ["--exit", "0"] and reports["bad"]["argv"] == ["--exit", "3"]
     assert reports["ok"]["ppid"] == reports["bad"]["ppid"] != os.getpid()  # one zygote's
     assert reports["ok"]["cmdline"] == [*node, "--exit", "0"]
+
+
+def test_a_later_group_forks_from_the_kept_zygote(tmp_path, probe_env, monkeypatch) -> None:
+    """A process that launches again forks from the zygote its last group started (the same
+    import environment and modules); a dead one is replaced, and a group launched from
+    another thread starts (and ends) a zygote of its own."""
+    monkeypatch.setattr(zy, "NODE_MODULE", "zprobe.main")
+    monkeypatch.setattr(zy, "preload", lambda argvs: ["json"])
+    monkeypatch.delenv(zy.FORK_ENV, raising=False)
+    for key, value in probe_env.items():
+        monkeypatch.setenv(key, value)
+    node = [sys.executable, "-m", "zprobe.main", "--exit", "0"]
+
+    def parent_of_node() -> int:
+        result = run_group([ChildSpec("n", node)], timeout_s=60, sink=None)
+        assert result.exit_code == 0, result.diagnosis()
+        return json.loads(result.children["n"].last_lines[0])["ppid"]
+
+    try:
+        first = parent_of_node()
+        assert parent_of_node() == first != os.getpid()  # no second zygote
+        assert zy._alive(first)  # kept between groups
+        from_thread: list[int] = []
+        worker = threading.Thread(target=lambda: from_thread.append(parent_of_node()))
+        worker.start()
+        worker.join(timeout=60)
+        assert from_thread and from_thread[0] != first
+        deadline = time.monotonic() + 10
+        while zy._alive(from_thread[0]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not zy._alive(from_thread[0])  # not kept: it ended with its group
+        os.kill(first, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while zy._alive(first) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        replaced = parent_of_node()
+        assert replaced not in (first, os.getpid())
+    finally:
+        zy.release_kept()
