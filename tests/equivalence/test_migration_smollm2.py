@@ -14,11 +14,12 @@ TOOLS = Path(__file__).resolve().parents[2] / "tools"
 
 @pytest.mark.assets
 @pytest.mark.slow
-def test_smollm2_shift_matrix_120_tokens_in_process(tmp_path) -> None:
-    """Every (boundary, k) at token 60 of 120 vs the no-shift run (threads, no sockets): the
-    shifted KV then serves 60 tokens, three windows of W = 20."""
+def test_smollm2_shift_matrix_100_tokens_in_process(tmp_path) -> None:
+    """Every (boundary, k) at token 40 of 100 vs the no-shift run (threads, no sockets): the
+    shifted KV (the prompt's positions and 40 decoded ones, several 32 KiB frames a move)
+    then serves 60 tokens, three windows of W = 20."""
     out = tmp_path / "matrix.json"
-    argv = [sys.executable, str(TOOLS / "check_migration.py"), "--tokens", "120", "--shift-at", "60",
+    argv = [sys.executable, str(TOOLS / "check_migration.py"), "--tokens", "100", "--shift-at", "40",
             "--window", "20", "--out", str(out)]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
