@@ -17,6 +17,7 @@ transport's share of the shaped rate (>= 1 MiB frames) and TCP vs raw over the s
 
     .venv/bin/python tools/bench_transport.py --quick --out outputs/bench/transport.json
     .venv/bin/python tools/bench_transport.py --quick --testbed edge_cloud_wan   (as root)
+    .venv/bin/python tools/bench_transport.py --quick --sizes-kib 4,1024 --no-amqp
 """
 
 from __future__ import annotations
@@ -96,13 +97,23 @@ def _min_frames(link: _Link) -> int:
     return 4 if link.bytes_per_s > 0 else 8
 
 
-def _sizes(quick: bool, link: _Link) -> list[int]:
-    """Payload sizes; on a shaped link, above 1 MiB (the targets' size) only those whose
-    shortest stream lasts at most twice a run's time at the link's rate."""
+def _sizes(quick: bool, link: _Link, sizes: list[int] = SIZES) -> list[int]:
+    """Payload sizes (of `sizes`); on a shaped link, above 1 MiB (the targets' size) only those
+    whose shortest stream lasts at most twice a run's time at the link's rate."""
     if link.bytes_per_s <= 0:
-        return SIZES
+        return list(sizes)
     budget_bytes = 2 * RUN_S[quick][0] * link.bytes_per_s
-    return [s for s in SIZES if s <= MIB or _min_frames(link) * s <= budget_bytes]
+    return [s for s in sizes if s <= MIB or _min_frames(link) * s <= budget_bytes]
+
+
+def size_list(text: str) -> list[int]:
+    """`--sizes-kib 4,1024`: payload sizes in KiB, as bytes (argparse names a bad one)."""
+    out = []
+    for part in text.split(","):
+        if not part.strip().isdigit() or int(part) < 1:
+            raise argparse.ArgumentTypeError(f"{part!r} is not a whole number of KiB >= 1")
+        out.append(int(part) * KIB)
+    return sorted(set(out))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -347,6 +358,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = bench_arg_parser(__doc__.splitlines()[0], testbed=True)
     parser.add_argument("--reps", type=int, default=None, help="repetitions per size and method")
     parser.add_argument("--no-amqp", action="store_true", help="skip the RabbitMQ transport")
+    parser.add_argument("--sizes-kib", type=size_list, default=SIZES, metavar="KIB,...",
+                        help="payload sizes in KiB (default "
+                             f"{','.join(str(s // KIB) for s in SIZES)}); on a shaped link those "
+                             "over 1 MiB that take too long are left out")  # fmt: skip
     parser.add_argument("--spin-us", type=float, default=SPIN_US,
                         help="how long raw and TCP receives look for a frame before they sleep "
                              f"(transport.spin_us; default {SPIN_US:g}, 0 = sleep at once)")  # fmt: skip
@@ -469,7 +484,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.side == "server":
         _serve(Connection(args.control_fd), broker, side)
         return 0
-    sizes = _sizes(args.quick, link)
+    sizes = _sizes(args.quick, link, args.sizes_kib)
 
     child = None
     if on_testbed:

@@ -51,10 +51,11 @@ def test_bench_transport_quick_writes_report(tmp_path: Path) -> None:
 @pytest.mark.rabbitmq
 def test_bench_transport_over_a_testbed_link_gets_the_shaped_rate(tmp_path: Path) -> None:
     # wifi_good (50 Mbit/s, 2 ms) is the smallest preset whose 1 MiB runs last about a second.
+    # The targets' 1 MiB, a small frame, and 16 MiB, which the link's rate leaves out.
     out = tmp_path / "bench.json"
     subprocess.run(
         [sys.executable, str(ROOT / "tools" / "bench_transport.py"), "--quick", "--reps", "1",
-         "--testbed", "wifi_good", "--out", str(out)],
+         "--sizes-kib", "4,1024,16384", "--testbed", "wifi_good", "--out", str(out)],
         check=True, timeout=300, cwd=ROOT,
     )  # fmt: skip
     report = json.loads(out.read_text())
@@ -66,7 +67,7 @@ def test_bench_transport_over_a_testbed_link_gets_the_shaped_rate(tmp_path: Path
     link = config["testbed"]["links"]["edge1"]
     assert link["nominal"]["up_mbit"] == 50 and link["delay_source"] == "transport"
     assert abs(link["probed"]["up_mbit"] / 50 - 1) <= 0.10
-    assert 1 << 20 in config["sizes_bytes"] and 16 << 20 not in config["sizes_bytes"]
+    assert config["sizes_bytes"] == [4 << 10, 1 << 20]  # 16 MiB left out at 50 Mbit/s
     assert {"tcp_vs_amqp_throughput_1MiB", "amqp_vs_shaped_rate_1MiB"} <= set(report["ratios"])
     shaped = report["targets"]["tcp_vs_shaped_rate_1MiB"]
     assert 0.9 <= shaped["value"] <= 1.05, shaped  # the link's rate, not loopback's
