@@ -268,7 +268,18 @@ class Zygote:
 
 # (pid_env, import environment as JSON, preloaded modules) -> a zygote this process keeps
 _kept: collections.OrderedDict[tuple[str, str, frozenset[str]], Zygote] = collections.OrderedDict()
-os.register_at_fork(after_in_child=_kept.clear)  # a forked copy does not share its parent's
+
+
+def _let_go_in_child() -> None:
+    """In a forked copy of this process: close its copies of the kept zygotes' control
+    sockets and forget them, so that the parent's release still ends them (a zygote exits
+    when no copy of its control socket is left open)."""
+    for zygote in _kept.values():
+        zygote.release()
+    _kept.clear()
+
+
+os.register_at_fork(after_in_child=_let_go_in_child)
 
 
 def _keeping() -> bool:

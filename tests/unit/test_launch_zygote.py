@@ -263,5 +263,18 @@ def test_a_later_group_forks_from_the_kept_zygote(tmp_path, probe_env, monkeypat
             time.sleep(0.05)
         replaced = parent_of_node()
         assert replaced not in (first, os.getpid())
+        child = os.fork()
+        if child == 0:  # a forked copy keeps none and holds no copy of their sockets
+            time.sleep(30)
+            os._exit(0)
+        try:
+            zy.release_kept()  # the copy still runs: the zygote ends all the same
+            deadline = time.monotonic() + 10
+            while zy._alive(replaced) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not zy._alive(replaced)
+        finally:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
     finally:
         zy.release_kept()
