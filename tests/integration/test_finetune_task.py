@@ -149,14 +149,17 @@ def test_four_owners_two_workers_rabbitmq_as_node_users(
         "control=rabbitmq", "transport=rabbitmq", "control.node_users=true",
     )  # fmt: skip
     require_rabbitmqctl()
-    before = broker_users.leftovers()
     caplog.set_level(logging.INFO, logger="splitlab.launch.train")
 
     code = run_finetune(cfg)
 
     assert code == 0
     assert "with 7 node users" in caplog.text
-    assert broker_users.leftovers() == before
+    session = re.search(r"session (ft-[0-9a-f]+)", caplog.text)
+    assert session is not None, caplog.text
+    # this run's vhost and users only: a test on the other worker may hold its own meanwhile
+    # (tests/faults/test_broker_faults.py leaves a killed launcher's until it removes them)
+    assert session.group(1) not in broker_users.leftovers()
     rows = list(csv.DictReader((Path(cfg.run_dir) / "metrics.csv").open()))
     assert len(rows) == 8
     assert_merged_loads_strictly(cfg, Path(cfg.run_dir), rounds=2)
