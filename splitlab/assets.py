@@ -170,15 +170,14 @@ def fetch(name: str) -> Path:
         final,
         lambda out, scratch: _fetch_into(name, spec, out, scratch, final),
         done=lambda folder: (folder / MARKER).is_file(),
-        locks=cache_dir() / ".locks",
     )
     return final / spec.entry if spec.entry else final
 
 
 def build_once(final: Path, build: Callable[[Path, Path], None], *,
-               done: Callable[[Path], bool], locks: Path) -> bool:  # fmt: skip
-    """Make the cache entry `final` exist, built by one process: under a lock file in `locks`
-    (a second process waits, then finds it done), `build(out, scratch)` fills the fresh folder
+               done: Callable[[Path], bool]) -> bool:  # fmt: skip
+    """Make the cache entry `final` exist, built by one process: under a lock file in the
+    cache's `.locks` folder (a second process waits, then finds it done), `build(out, scratch)` fills the fresh folder
     `out` (`scratch` holds its temporary files), both in a temp folder beside `final`, and one
     `os.rename` publishes `out`. A failed build leaves neither entry nor temp folder.
     Returns whether this call built it."""
@@ -186,7 +185,7 @@ def build_once(final: Path, build: Callable[[Path, Path], None], *,
         return False
     root = final.parent
     root.mkdir(parents=True, exist_ok=True)
-    with _locked(locks / f"{final.name}.lock"):
+    with _locked(cache_dir() / ".locks" / f"{final.name}.lock"):
         if done(final):  # another process finished meanwhile
             return False
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=root))

@@ -324,7 +324,7 @@ class Zygotes:
         self._argvs = [list(a) for a in argvs if forkable(a)]
         self._pid_env = pid_env
         self._zygotes: dict[str, Zygote] = {}
-        self._kept: set[str] = set()  # keys whose zygote outlives this group
+        self._kept_keys: set[str] = set()  # keys whose zygote outlives this group
         self._failed = not enabled()
 
     def plan(self, argvs: Sequence[Sequence[str]]) -> None:
@@ -358,20 +358,20 @@ class Zygotes:
         if zygote is None:
             zygote = Zygote.start(env, modules, pid_env=self._pid_env)
             _keep(self._pid_env, key, modules, zygote)
-        self._kept.add(key)
+        self._kept_keys.add(key)
         return zygote
 
     def close(self) -> None:
         """Wait for every zygote not kept to exit (their children have, or they are killed)."""
         for key, zygote in self._zygotes.items():
-            if key not in self._kept:
+            if key not in self._kept_keys:
                 zygote.close()
         self._zygotes.clear()
 
     def release(self) -> None:
         """No more forks: each zygote not kept exits by itself once its children have."""
         for key, zygote in self._zygotes.items():
-            if key not in self._kept:
+            if key not in self._kept_keys:
                 zygote.release()
         self._zygotes.clear()
 

@@ -11,7 +11,8 @@ KEY is a digest of the model group, the seed, the installed torch and transforme
 and the source of `splitlab.models` (the family adapters' config and init code): a change to
 any of them builds a fresh checkpoint. `splitlab.assets.build_once` builds it as it builds an
 asset: under a lock (a concurrent run waits for the build rather than building too), in a temp
-folder beside the entries, published by one atomic rename (a crashed build leaves no entry). `SPLITLAB_RANDOM_CACHE=0` builds into the run folder every time.
+folder beside the entries, published by one atomic rename (a crashed build leaves no entry).
+`SPLITLAB_RANDOM_CACHE=0` builds into the run folder every time.
 
     .venv/bin/pytest tests/unit/test_random_checkpoint.py -q
 """
@@ -103,7 +104,6 @@ def save_random_checkpoint(model_cfg: ModelConfig, folder: Path, *, seed: int) -
         entry,
         lambda out, _scratch: build_random_checkpoint(model_cfg, out, seed=seed),
         done=Path.is_dir,
-        locks=entries.parent / ".locks",  # beside the assets' own
     )
     shutil.copytree(entry, folder, dirs_exist_ok=True)
     return folder
