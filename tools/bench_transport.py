@@ -68,6 +68,8 @@ BROKER_URL = "amqp://guest:guest@{host}:5672/%2F"
 SHAPED_RATE_GOAL = 0.9  # the TCP transport's share of a shaped link's rate, >= 1 MiB frames
 LOOPBACK = "127.0.0.1 loopback, client and server in two processes"
 RUN_S = {True: (1.5, 0.5), False: (6.0, 3.0)}  # on a link: seconds of (stream, pings), by --quick
+MIN_STREAM_S = {True: 0.05, False: 0.25}  # loopback: the raw arm's shortest stream, by --quick
+MAX_STREAM_SCALE = 16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,6 +93,17 @@ def _counts(size: int, quick: bool, link: _Link) -> tuple[int, int]:
     frames = max(_min_frames(link), min(2000 if quick else 8000, stream_bytes // size))
     pings = max(min_pings, min(200 if quick else 1000, ping_bytes // size))
     return frames, pings
+
+
+def scaled_frames(frames: int, pilot_s: float, quick: bool) -> int:
+    """Frames per loopback throughput run: `frames`, or more (at most MAX_STREAM_SCALE times)
+    where a raw stream of them took `pilot_s` < MIN_STREAM_S. 256 frames of 1 MiB pass in
+    ~50 ms at 5 GB/s, and one scheduler hiccup in so short a run moved the TCP / raw ratio
+    from 0.85 to 0.60 (Intel Xeon, 2 cores)."""
+    want = MIN_STREAM_S[quick]
+    if pilot_s >= want:
+        return frames
+    return int(frames * min(MAX_STREAM_SCALE, want / max(pilot_s, 1e-6)))
 
 
 def _min_frames(link: _Link) -> int:
@@ -509,6 +522,12 @@ def _run(args: argparse.Namespace) -> int:
         for size in sizes:
             frames, pings = _counts(size, args.quick, link)
             payload = torch.randint(0, 255, (size,), dtype=torch.uint8)
+            if link.bytes_per_s <= 0:  # loopback: a raw pilot (and warm-up) sizes the streams
+                pipe.send(("raw", "stream", size, frames))
+                pipe.recv()
+                pilot_s = client.stream_s("raw", payload, frames)
+                pipe.recv()
+                frames = scaled_frames(frames, pilot_s, args.quick)
             samples: dict[str, dict[str, list[float]]] = {
                 m: {"tput": [], "rtt": []} for m in methods
             }
@@ -560,10 +579,10 @@ def _run(args: argparse.Namespace) -> int:
                         5.0,
                         ">=",
                     )
-        report.add_target("tcp_vs_raw_rtt_4KiB", report.ratios["tcp_vs_raw_rtt_4KiB"], 1.5, "<=")
-        report.add_target(
-            "tcp_vs_raw_throughput_4KiB", report.ratios["tcp_vs_raw_throughput_4KiB"], 0.7, ">="
-        )
+        if 4 * KIB in sizes:  # the small-frame targets (`--sizes-kib` may leave 4 KiB out)
+            for name, goal, op in (("rtt", 1.5, "<="), ("throughput", 0.7, ">=")):
+                key = f"tcp_vs_raw_{name}_4KiB"
+                report.add_target(key, report.ratios[key], goal, op)
         if link.bytes_per_s > 0:
             _add_shaped_rate(report, tput, sizes, methods, link.bytes_per_s)
         if not on_testbed:  # per-frame costs, in this process: loopback runs only

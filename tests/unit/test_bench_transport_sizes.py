@@ -28,3 +28,11 @@ def test_a_shaped_link_leaves_out_only_large_sizes_that_take_too_long() -> None:
     wifi = bt._Link(bytes_per_s=50e6 / 8, delay_s=0.002)  # 50 Mbit/s
     assert bt._sizes(True, wifi, asked) == [4 * KIB, MIB]
     assert bt._sizes(True, wifi) == [4 * KIB, 64 * KIB, MIB, 4 * MIB]  # the default sizes
+
+
+def test_short_loopback_streams_are_lengthened_within_a_bound() -> None:
+    slow = bt.MIN_STREAM_S[False]
+    assert bt.scaled_frames(256, slow, quick=False) == 256  # long enough already
+    assert bt.scaled_frames(256, slow / 4, quick=False) == 1024
+    assert bt.scaled_frames(256, 1e-9, quick=False) == 256 * bt.MAX_STREAM_SCALE
+    assert bt.scaled_frames(256, bt.MIN_STREAM_S[True] / 2, quick=True) == 512
