@@ -13,7 +13,6 @@ import csv
 from pathlib import Path
 from typing import Any
 
-from splitlab.analysis.traces import read_trace_file
 from splitlab.telemetry.records import RoundRecord, round_number
 
 METRIC_COLUMNS = (
@@ -30,6 +29,10 @@ METRIC_COLUMNS = (
 
 def round_records(trace_dir: Path) -> list[dict[str, Any]]:
     """The owners' `round` records of a run, in (round, owner) order."""
+    # here, not at the top: traces.py imports pandas (~0.25 s), and every launcher imports
+    # this module (loggers.points) for its column names, ring runs that never read a round too
+    from splitlab.analysis.traces import read_trace_file
+
     rows = [
         record
         for path in sorted(trace_dir.glob("owner-*.jsonl"))

@@ -280,7 +280,7 @@ def run_infer(cfg: Config, *, preflighted: bool = False) -> int:
         log.error("the head exited 0 but wrote no result")
         return int(ExitCode.ERROR)
     print(answer_lines(result), flush=True)
-    from splitlab.loggers.write import log_run  # pandas: only once the ring is done
+    from splitlab.loggers.write import log_run  # only once the ring is done
 
     log_run(cfg, run_dir, ring=result)
     log.info("traces in %s", run_dir / "traces")
