@@ -70,5 +70,10 @@ def evaluate_checkpoint(cfg: Config, checkpoint_dir: Path) -> dict[str, Any] | N
         held.batches(size, seed=0), desc,
         total=len(held.batch_indices(size, seed=0)), unit="batches", enabled=cfg.task.progress,
     )  # fmt: skip
-    metrics = evaluate(part_chain(parts), parts[-1].adapter, batches)
+    # inference_mode, not only no_grad: this process never trains, and no tensor it makes
+    # needs autograd's version counters. The batches stay the training size: the loss is a
+    # mean of per-batch means, so larger ones would move it (64 a batch: 0.4159 -> 0.4189 on
+    # the default job's checkpoint, for 2.58-2.65 s against 2.73-2.78 s)
+    with torch.inference_mode():
+        metrics = evaluate(part_chain(parts), parts[-1].adapter, batches)
     return {"round": round_id, "split": held.name, "samples": len(held), **metrics.to_dict()}
