@@ -177,9 +177,9 @@ def fetch(name: str) -> Path:
 def build_once(final: Path, build: Callable[[Path, Path], None], *,
                done: Callable[[Path], bool]) -> bool:  # fmt: skip
     """Make the cache entry `final` exist, built by one process: under a lock file in the
-    cache's `.locks` folder (a second process waits, then finds it done), `build(out, scratch)` fills the fresh folder
-    `out` (`scratch` holds its temporary files), both in a temp folder beside `final`, and one
-    `os.rename` publishes `out`. A failed build leaves neither entry nor temp folder.
+    cache's `.locks` folder (a second process waits, then finds it done), `build(out, scratch)`
+    fills the fresh folder `out` (`scratch` holds its temporary files), both in a temp folder
+    beside `final`, and one `os.rename` publishes `out`. A failed build leaves neither entry nor temp folder.
     Returns whether this call built it."""
     if done(final):
         return False

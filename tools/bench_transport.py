@@ -479,6 +479,16 @@ def hop_cold_us(samples: int) -> dict[str, float]:
             sock.close()
 
 
+def _paired(pipe: Any, cmd: tuple[str, str, int, int], run: Callable[[], Any]) -> Any:
+    """Have the server side do `cmd` (method, mode, size, count) while this side does `run`;
+    returns what `run` returned."""
+    pipe.send(cmd)
+    pipe.recv()  # the server is ready
+    out = run()
+    pipe.recv()  # the server is done
+    return out
+
+
 def _run(args: argparse.Namespace) -> int:
     """One side of a testbed run (--side), or the whole loopback run."""
     reps = args.reps or (3 if args.quick else 7)
@@ -523,25 +533,19 @@ def _run(args: argparse.Namespace) -> int:
             frames, pings = _counts(size, args.quick, link)
             payload = torch.randint(0, 255, (size,), dtype=torch.uint8)
             if link.bytes_per_s <= 0:  # loopback: a raw pilot (and warm-up) sizes the streams
-                pipe.send(("raw", "stream", size, frames))
-                pipe.recv()
-                pilot_s = client.stream_s("raw", payload, frames)
-                pipe.recv()
+                pilot_s = _paired(pipe, ("raw", "stream", size, frames),
+                                  partial(client.stream_s, "raw", payload, frames))  # fmt: skip
                 frames = scaled_frames(frames, pilot_s, args.quick)
             samples: dict[str, dict[str, list[float]]] = {
                 m: {"tput": [], "rtt": []} for m in methods
             }
             for rep in range(reps):
                 for m in methods[rep % len(methods) :] + methods[: rep % len(methods)]:
-                    pipe.send((m, "stream", size, frames))
-                    pipe.recv()
-                    seconds = client.stream_s(m, payload, frames)
-                    pipe.recv()
+                    seconds = _paired(pipe, (m, "stream", size, frames),
+                                      partial(client.stream_s, m, payload, frames))  # fmt: skip
                     samples[m]["tput"].append(frames * size / seconds)
-                    pipe.send((m, "rtt", size, pings))
-                    pipe.recv()
-                    samples[m]["rtt"].extend(client.rtts_s(m, payload, pings))
-                    pipe.recv()
+                    samples[m]["rtt"].extend(_paired(pipe, (m, "rtt", size, pings),
+                                                     partial(client.rtts_s, m, payload, pings)))  # fmt: skip
             for m in methods:
                 tput[m, size] = median(samples[m]["tput"])
                 rtt[m, size] = median(samples[m]["rtt"])
